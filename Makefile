@@ -1,0 +1,43 @@
+# agent_runs — `make help` lists the targets.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install migrate test demo bench chaos lint clean
+
+help: ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create the venv and install the package with test and dev extras
+
+migrate: $(STAMP) ## apply migrations to DATABASE_URL
+	@test -n "$(DATABASE_URL)" || { echo "make migrate: set DATABASE_URL" >&2; exit 2; }
+	$(BIN)/agent-runs migrate --dsn "$(DATABASE_URL)"
+
+test: $(STAMP) ## run the test suite against a throwaway PostgreSQL
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+demo: $(STAMP) ## run workers on a scripted mix of runs (embedded PostgreSQL) and show the history
+	$(BIN)/agent-runs demo
+
+bench: $(STAMP) ## measure the hot path against hand-written SQL (embedded PostgreSQL)
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+chaos: $(STAMP) ## fault-injection suite: kill workers, drop connections, restart PostgreSQL
+	$(BIN)/python -m chaos $(CHAOS_ARGS)
+
+lint: $(STAMP) ## ruff and mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+clean: ## remove the venv and caches
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,33 @@
+"""agent_runs: durable agent runs, leases and an immutable attempt history on PostgreSQL."""
+
+from __future__ import annotations
+
+from agent_runs.db import connect, create_pool
+from agent_runs.errors import AgentRunsError, InvalidArgument, NotLeaseOwner, ThreadBusy
+from agent_runs.models import (
+    AgentRun,
+    AttemptOutcome,
+    Claim,
+    RunAttempt,
+    RunStatus,
+    Transition,
+    manifest_fingerprint,
+)
+from agent_runs.repository import AgentRunRepository
+
+__all__ = [
+    "AgentRun",
+    "AgentRunRepository",
+    "AgentRunsError",
+    "AttemptOutcome",
+    "Claim",
+    "InvalidArgument",
+    "NotLeaseOwner",
+    "RunAttempt",
+    "RunStatus",
+    "ThreadBusy",
+    "Transition",
+    "connect",
+    "create_pool",
+    "manifest_fingerprint",
+]

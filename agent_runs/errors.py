@@ -1,0 +1,27 @@
+"""Exceptions raised by agent_runs, and the database constraint names code recognises."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Constraint names the repository translates into domain errors (see migrations/).
+UQ_ONE_ACTIVE_PER_THREAD: Final = "uq_agent_runs_one_active_per_thread"
+UQ_REQUEST_ID: Final = "uq_agent_runs_request_id"
+UQ_RUN_ATTEMPT_NO: Final = "uq_agent_run_attempts_run_attempt_no"
+UQ_ONE_OPEN_ATTEMPT: Final = "uq_agent_run_attempts_one_open_per_run"
+
+
+class AgentRunsError(Exception):
+    """Base class of every error agent_runs raises on purpose."""
+
+
+class InvalidArgument(AgentRunsError, ValueError):
+    """An argument is malformed; raised before any SQL runs, so nothing was written."""
+
+
+class NotLeaseOwner(AgentRunsError, ValueError):
+    """The caller does not hold a live lease on the run it tried to change."""
+
+
+class ThreadBusy(AgentRunsError):
+    """Another non-terminal run already exists on the same (uid, agent_slug, thread_id)."""

@@ -1,0 +1,119 @@
+"""Value types: rows of agent_runs and agent_run_attempts, statuses, transition results."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, NamedTuple
+
+
+class RunStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    CANCEL_REQUESTED = "cancel_requested"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset(
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.INTERRUPTED}
+)
+
+
+class AttemptOutcome(StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+    RETRY_RELEASED = "retry_released"
+    LEASE_EXPIRED = "lease_expired"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRun:
+    """One row of agent_runs: the current state of a run."""
+
+    id: str
+    request_id: str
+    thread_id: str
+    agent_slug: str
+    uid: str
+    run_type: str
+    created_by_run_id: str | None
+    status: RunStatus
+    input_payload: dict[str, Any]
+    error_type: str | None
+    error_message: str | None
+    worker_id: str | None
+    heartbeat_at: datetime | None
+    lease_expires_at: datetime | None
+    manifest: dict[str, Any] | None
+    manifest_fingerprint: str | None
+    manifest_recorded_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", RunStatus(self.status))
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status.is_terminal
+
+
+@dataclass(frozen=True, slots=True)
+class RunAttempt:
+    """One row of agent_run_attempts: the immutable fact of one execution ownership."""
+
+    id: int
+    run_id: str
+    attempt_no: int
+    worker_id: str
+    started_at: datetime
+    heartbeat_at: datetime | None
+    lease_expires_at: datetime | None
+    finished_at: datetime | None
+    outcome: AttemptOutcome | None
+    error_type: str | None
+    error_message: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    def __post_init__(self) -> None:
+        if self.outcome is not None:
+            object.__setattr__(self, "outcome", AttemptOutcome(self.outcome))
+
+    @property
+    def is_open(self) -> bool:
+        return self.finished_at is None
+
+
+class Claim(NamedTuple):
+    """Result of mark_running: the run as it is now, and whether this call acquired it."""
+
+    run: AgentRun | None
+    acquired: bool
+
+
+class Transition(NamedTuple):
+    """Result of a guarded transition: the run as it is now, and whether this call changed it."""
+
+    run: AgentRun | None
+    changed: bool
+
+
+def manifest_fingerprint(manifest: Any) -> str:
+    """SHA-256 hex digest of the canonical JSON of a manifest."""
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()

@@ -1,0 +1,382 @@
+"""AgentRunRepository: every transition of a run and its attempts, one SQL file each."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import fields
+from datetime import UTC, datetime
+from typing import Any, Final, LiteralString
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.pq import PipelineStatus, TransactionStatus
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from agent_runs import validation as check
+from agent_runs.errors import (
+    UQ_ONE_ACTIVE_PER_THREAD,
+    UQ_ONE_OPEN_ATTEMPT,
+    UQ_RUN_ATTEMPT_NO,
+    InvalidArgument,
+    NotLeaseOwner,
+    ThreadBusy,
+)
+from agent_runs.models import AgentRun, Claim, RunAttempt, RunStatus, Transition
+from agent_runs.sql import query
+
+Row = dict[str, Any]
+
+LEASE_EXPIRED_MESSAGE: Final = (
+    "the worker's lease expired before it reported a result: the outcome is unknown. Under "
+    "at-least-once semantics the agent may have run partly or fully; check its side effects "
+    "before running it again."
+)
+
+# A claim computes attempt_no = max + 1 from its statement's snapshot. If another claimer
+# committed a claim *and* a release between that snapshot and our lock, the database refuses
+# the duplicate; a new statement (new snapshot) then sees it. Bounded: the race is rare.
+_CLAIM_RACE_CONSTRAINTS: Final = frozenset({UQ_RUN_ATTEMPT_NO, UQ_ONE_OPEN_ATTEMPT})
+_CLAIM_TRIES: Final = 5
+
+_RUN_FIELDS: Final = tuple(f.name for f in fields(AgentRun))
+_ATTEMPT_FIELDS: Final = tuple(f.name for f in fields(RunAttempt))
+_RUN_TIMESTAMPS: Final = (
+    "heartbeat_at",
+    "lease_expires_at",
+    "manifest_recorded_at",
+    "started_at",
+    "finished_at",
+    "created_at",
+    "updated_at",
+)
+_ATTEMPT_TIMESTAMPS: Final = (
+    "started_at",
+    "heartbeat_at",
+    "lease_expires_at",
+    "finished_at",
+    "created_at",
+    "updated_at",
+)
+
+
+def _utc(row: Row, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = row[name]
+        if value is not None:
+            row[name] = value.astimezone(UTC)
+
+
+def _run(row: Row) -> AgentRun:
+    values = {name: row[name] for name in _RUN_FIELDS}
+    _utc(values, _RUN_TIMESTAMPS)
+    return AgentRun(**values)
+
+
+def _attempt(row: Row) -> RunAttempt:
+    values = {name: row[name] for name in _ATTEMPT_FIELDS}
+    _utc(values, _ATTEMPT_TIMESTAMPS)
+    return RunAttempt(**values)
+
+
+class AgentRunRepository:
+    """The data access object for agent_runs and agent_run_attempts over one psycopg connection.
+
+    Every method runs in its own explicit transaction, which becomes a savepoint inside a
+    transaction the caller already has open. Each transition locks the run row first and
+    changes the run and its attempt in that one transaction (one statement, one round trip).
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _execute(self, name: LiteralString, params: Mapping[str, Any]) -> list[Row]:
+        """Run sql/<name>.sql in an explicit transaction and return its rows as dicts."""
+        conn = self.conn
+        sql = query(name)
+        cur = conn.cursor(row_factory=dict_row)
+        if (
+            conn.autocommit
+            and conn.info.transaction_status == TransactionStatus.IDLE
+            and conn.pgconn.pipeline_status == PipelineStatus.OFF
+        ):
+            # BEGIN, the statement and COMMIT travel in one round trip.
+            try:
+                with conn.pipeline():
+                    conn.execute("BEGIN")
+                    cur.execute(sql, params, prepare=True)
+                    conn.execute("COMMIT")
+            except BaseException:
+                if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
+                    conn.execute("ROLLBACK")
+                raise
+            return cur.fetchall()
+        with conn.transaction():
+            cur.execute(sql, params, prepare=True)
+            return cur.fetchall()
+
+    def _claim(self, name: LiteralString, params: Mapping[str, Any]) -> list[Row]:
+        for tries_left in range(_CLAIM_TRIES - 1, -1, -1):
+            try:
+                return self._execute(name, params)
+            except pg_errors.UniqueViolation as exc:
+                if exc.diag.constraint_name not in _CLAIM_RACE_CONSTRAINTS or not tries_left:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- creating and reading -----------------------------------------------------------
+
+    def create_run(
+        self,
+        *,
+        thread_id: str,
+        agent_slug: str,
+        uid: str,
+        request_id: str,
+        input_payload: Mapping[str, Any] | None = None,
+        run_type: str = "chat",
+        created_by_run_id: str | None = None,
+        run_id: str | None = None,
+    ) -> AgentRun:
+        """Create a pending run; the same request_id again returns the existing run.
+
+        Raises ThreadBusy when another non-terminal run exists on (uid, agent_slug, thread_id).
+        """
+        params = {
+            "thread_id": check.identifier("thread_id", thread_id),
+            "agent_slug": check.identifier("agent_slug", agent_slug),
+            "uid": check.identifier("uid", uid),
+            "request_id": check.identifier("request_id", request_id),
+            "input_payload": Jsonb(
+                check.json_object("input_payload", {} if input_payload is None else input_payload)
+            ),
+            "run_type": check.run_type(run_type),
+            "created_by_run_id": check.optional_identifier("created_by_run_id", created_by_run_id),
+            "run_id": str(uuid.uuid4()) if run_id is None else check.identifier("run_id", run_id),
+        }
+        try:
+            with self.conn.transaction():
+                cur = self.conn.cursor(row_factory=dict_row)
+                row = cur.execute(query("create_run"), params).fetchone()
+                if row is None:  # request_id seen before: a new statement sees its run
+                    row = cur.execute(query("get_run_by_request_id"), params).fetchone()
+                if row is None:  # pragma: no cover - the other run was deleted in between
+                    raise InvalidArgument(f"request_id {request_id!r} is being reused; retry")
+                return _run(row)
+        except pg_errors.UniqueViolation as exc:
+            if exc.diag.constraint_name == UQ_ONE_ACTIVE_PER_THREAD:
+                raise ThreadBusy(
+                    f"thread {thread_id!r} of uid {uid!r} already has an active run of agent "
+                    f"{agent_slug!r}"
+                ) from None
+            if exc.diag.constraint_name == "agent_runs_pkey":
+                raise InvalidArgument(f"run_id {run_id!r} already exists") from None
+            raise
+        except pg_errors.ForeignKeyViolation:
+            raise InvalidArgument(
+                f"created_by_run_id {created_by_run_id!r} is not an existing run"
+            ) from None
+
+    def get_run(self, run_id: str) -> AgentRun | None:
+        rows = self._execute("get_run", {"run_id": check.identifier("run_id", run_id)})
+        return _run(rows[0]) if rows else None
+
+    def list_run_attempts(self, run_id: str) -> list[RunAttempt]:
+        rows = self._execute("list_run_attempts", {"run_id": check.identifier("run_id", run_id)})
+        return [_attempt(row) for row in rows]
+
+    def get_open_attempt(self, run_id: str) -> RunAttempt | None:
+        rows = self._execute("get_open_attempt", {"run_id": check.identifier("run_id", run_id)})
+        return _attempt(rows[0]) if rows else None
+
+    # -- ownership -----------------------------------------------------------------------
+
+    def mark_running(
+        self,
+        run_id: str,
+        *,
+        worker_id: str,
+        lease_seconds: float,
+        now: datetime | None = None,
+    ) -> Claim:
+        """Claim a run (initial claim) or refresh the lease of its same live owner."""
+        rows = self._claim(
+            "mark_running",
+            {
+                "run_id": check.identifier("run_id", run_id),
+                "worker_id": check.worker_id(worker_id),
+                "lease_seconds": check.lease_seconds(lease_seconds),
+                "now": check.now(now),
+                "lost_message": LEASE_EXPIRED_MESSAGE,
+            },
+        )
+        if not rows:
+            return Claim(None, False)
+        return Claim(_run(rows[0]), bool(rows[0]["acquired"]))
+
+    def claim_next(
+        self,
+        *,
+        worker_id: str,
+        lease_seconds: float,
+        now: datetime | None = None,
+        agent_slugs: list[str] | None = None,
+    ) -> AgentRun | None:
+        """Claim the oldest claimable run (FIFO by created_at, id), or None when there is none."""
+        rows = self._claim(
+            "claim_next",
+            {
+                "worker_id": check.worker_id(worker_id),
+                "lease_seconds": check.lease_seconds(lease_seconds),
+                "now": check.now(now),
+                "agent_slugs": check.agent_slugs(agent_slugs),
+                "lost_message": LEASE_EXPIRED_MESSAGE,
+            },
+        )
+        return _run(rows[0]) if rows else None
+
+    def renew_lease(
+        self,
+        run_id: str,
+        *,
+        worker_id: str,
+        lease_seconds: float,
+        now: datetime | None = None,
+    ) -> bool:
+        """Extend the live lease of its owner (run and open attempt); False when not the owner."""
+        rows = self._execute(
+            "renew_lease",
+            {
+                "run_id": check.identifier("run_id", run_id),
+                "worker_id": check.worker_id(worker_id),
+                "lease_seconds": check.lease_seconds(lease_seconds),
+                "now": check.now(now),
+            },
+        )
+        return bool(rows)
+
+    def renew_leases(
+        self,
+        leases: Mapping[str, str],
+        *,
+        lease_seconds: float,
+        now: datetime | None = None,
+    ) -> dict[str, RunStatus]:
+        """renew_lease for many run_id -> worker_id leases in one statement.
+
+        Returns the renewed runs with their current status (a cancel request shows as
+        cancel_requested); refused leases are absent.
+        """
+        run_ids, worker_ids = check.leases(leases)
+        params = {
+            "run_ids": run_ids,
+            "worker_ids": worker_ids,
+            "lease_seconds": check.lease_seconds(lease_seconds),
+            "now": check.now(now),
+        }
+        if not run_ids:
+            return {}
+        rows = self._execute("renew_leases", params)
+        return {row["id"]: RunStatus(row["status"]) for row in rows}
+
+    def release_lease_for_retry(
+        self, run_id: str, *, worker_id: str, now: datetime | None = None
+    ) -> bool:
+        """Give a running run back to the queue (pending); the attempt ends retry_released."""
+        rows = self._execute(
+            "release_lease_for_retry",
+            {
+                "run_id": check.identifier("run_id", run_id),
+                "worker_id": check.worker_id(worker_id),
+                "now": check.now(now),
+            },
+        )
+        return bool(rows)
+
+    # -- finishing -----------------------------------------------------------------------
+
+    def set_terminal_status(
+        self,
+        run_id: str,
+        *,
+        status: RunStatus | str,
+        worker_id: str | None = None,
+        error_type: str | None = None,
+        error_message: str | None = None,
+        now: datetime | None = None,
+    ) -> Transition:
+        """Finish a run (and its owner's attempt) when the transition rules allow it."""
+        rows = self._execute(
+            "set_terminal_status",
+            {
+                "run_id": check.identifier("run_id", run_id),
+                "status": check.terminal_status(status).value,
+                "worker_id": check.optional_worker_id(worker_id),
+                "error_type": check.error_type(error_type),
+                "error_message": check.error_message(error_message),
+                "now": check.now(now),
+            },
+        )
+        if not rows:
+            return Transition(None, False)
+        return Transition(_run(rows[0]), bool(rows[0]["changed"]))
+
+    def request_cancel(self, run_id: str, *, now: datetime | None = None) -> AgentRun | None:
+        """Cancel a run that never started; ask the owner of any other live run to cancel."""
+        rows = self._execute(
+            "request_cancel",
+            {"run_id": check.identifier("run_id", run_id), "now": check.now(now)},
+        )
+        return _run(rows[0]) if rows else None
+
+    def reconcile_expired_leases(
+        self, *, now: datetime | None = None, limit: int = 500
+    ) -> list[AgentRun]:
+        """Fail every run that lost its owner (at most `limit`); returns them as converged."""
+        params = {
+            "now": check.now(now),
+            "limit": check.limit(limit),
+            "lost_message": LEASE_EXPIRED_MESSAGE,
+        }
+        with self.conn.transaction():
+            cur = self.conn.cursor()
+            locked = cur.execute(query("lock_expired_leases"), params).fetchall()
+            if not locked:
+                return []
+            run_ids = [run_id for (run_id,) in locked]
+            dict_cur = self.conn.cursor(row_factory=dict_row)
+            dict_cur.execute(query("reconcile_expired_leases"), {**params, "run_ids": run_ids})
+            return [_run(row) for row in dict_cur.fetchall()]
+
+    def record_run_manifest(
+        self,
+        run_id: str,
+        *,
+        manifest: Mapping[str, Any],
+        fingerprint: str,
+        worker_id: str,
+        now: datetime | None = None,
+    ) -> Transition:
+        """Record the run manifest once, by the live owner of the running run."""
+        rows = self._execute(
+            "record_run_manifest",
+            {
+                "run_id": check.identifier("run_id", run_id),
+                "manifest": Jsonb(check.json_object("manifest", manifest)),
+                "fingerprint": check.fingerprint(fingerprint),
+                "worker_id": check.worker_id(worker_id),
+                "now": check.now(now),
+            },
+        )
+        if not rows:
+            return Transition(None, False)
+        row = rows[0]
+        if not row["is_owner"]:
+            raise NotLeaseOwner(
+                f"{worker_id!r} is not the lease owner of running run {run_id!r} "
+                "(only the owner of a running run with a live lease may record its manifest)"
+            )
+        return Transition(_run(row), bool(row["changed"]))

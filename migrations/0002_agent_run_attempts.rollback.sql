@@ -1,0 +1,2 @@
+DROP TABLE agent_run_attempts;
+DROP FUNCTION agent_run_attempts_guard();

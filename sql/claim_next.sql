@@ -1,0 +1,56 @@
+-- claim_next (SPEC 3): the initial claim of mark_running, applied to the oldest claimable run
+-- (pending, or cancel_requested with no owner) by (created_at, id), optionally of the given
+-- agent slugs, skipping rows another claimer has locked. Read in ix_agent_runs_claimable order:
+-- no sort of the backlog. pending -> running; ownerless cancel_requested -> owned
+-- cancel_requested. Any attempt left open is converged to lease_expired, then attempt max + 1
+-- opens. Returns no row when nothing is claimable, else the run as it is now.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+candidate AS (
+    SELECT r.id
+    FROM agent_runs r
+    WHERE (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
+      AND (%(agent_slugs)s::text[] IS NULL OR r.agent_slug = ANY (%(agent_slugs)s::text[]))
+    ORDER BY r.created_at, r.id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE agent_runs r
+    SET status = CASE WHEN r.status = 'pending' THEN 'running' ELSE r.status END,
+        worker_id = %(worker_id)s::text,
+        heartbeat_at = clock.now,
+        lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s::float8),
+        started_at = coalesce(r.started_at, clock.now),
+        updated_at = clock.now
+    FROM candidate, clock
+    WHERE r.id = candidate.id
+    RETURNING r.*
+),
+expired AS (
+    UPDATE agent_run_attempts a
+    SET finished_at = clock.now,
+        outcome = 'lease_expired',
+        error_type = 'worker_lease_expired',
+        error_message = %(lost_message)s::text,
+        updated_at = clock.now
+    FROM claimed, clock
+    WHERE a.run_id = claimed.id AND a.finished_at IS NULL
+    RETURNING a.id
+),
+opened AS (
+    INSERT INTO agent_run_attempts (
+        run_id, attempt_no, worker_id, started_at, heartbeat_at, lease_expires_at,
+        created_at, updated_at
+    )
+    SELECT claimed.id,
+           coalesce((SELECT max(attempt_no) FROM agent_run_attempts WHERE run_id = claimed.id), 0) + 1,
+           claimed.worker_id, clock.now, claimed.heartbeat_at, claimed.lease_expires_at,
+           clock.now, clock.now
+    FROM claimed, clock
+    -- Reading `expired` first closes the old attempt before the new one opens.
+    WHERE (SELECT count(*) FROM expired) >= 0
+    RETURNING id
+)
+SELECT claimed.* FROM claimed

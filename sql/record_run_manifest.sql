@@ -1,0 +1,29 @@
+-- record_run_manifest (SPEC 3): only the owner of a running run with a live lease may record
+-- the run manifest, and only once: when a fingerprint is already recorded, the original
+-- manifest, fingerprint and manifest_recorded_at stay. Returns no row for a missing run, else
+-- `changed`, `is_owner` and the run as it is now.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+locked AS (
+    SELECT r.*,
+           (r.status = 'running'
+            AND r.worker_id = %(worker_id)s::text
+            AND r.lease_expires_at > clock.now) AS is_owner
+    FROM agent_runs r, clock
+    WHERE r.id = %(run_id)s
+    FOR UPDATE OF r
+),
+recorded AS (
+    UPDATE agent_runs r
+    SET manifest = %(manifest)s::jsonb,
+        manifest_fingerprint = %(fingerprint)s::text,
+        manifest_recorded_at = clock.now,
+        updated_at = clock.now
+    FROM locked, clock
+    WHERE r.id = locked.id AND locked.is_owner AND locked.manifest_fingerprint IS NULL
+    RETURNING r.*, locked.is_owner
+)
+SELECT true AS changed, recorded.* FROM recorded
+UNION ALL
+SELECT false AS changed, locked.* FROM locked WHERE NOT EXISTS (SELECT FROM recorded)

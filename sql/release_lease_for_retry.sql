@@ -1,0 +1,30 @@
+-- release_lease_for_retry (SPEC 3): only the owner of a running run with a live lease.
+-- running -> pending, lease cleared; the owner's open attempt finishes as retry_released and
+-- stays as a fact. The next claim opens attempt n + 1. Returns one row when released.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+released AS (
+    UPDATE agent_runs r
+    SET status = 'pending',
+        worker_id = NULL,
+        heartbeat_at = NULL,
+        lease_expires_at = NULL,
+        updated_at = clock.now
+    FROM clock
+    WHERE r.id = %(run_id)s
+      AND r.status = 'running'
+      AND r.worker_id = %(worker_id)s::text
+      AND r.lease_expires_at > clock.now
+    RETURNING r.id
+),
+finished AS (
+    UPDATE agent_run_attempts a
+    SET finished_at = clock.now,
+        outcome = 'retry_released',
+        updated_at = clock.now
+    FROM released, clock
+    WHERE a.run_id = released.id AND a.finished_at IS NULL AND a.worker_id = %(worker_id)s::text
+    RETURNING a.id
+)
+SELECT id FROM released

@@ -1,0 +1,29 @@
+-- renew_lease (SPEC 3): only the owner of a running/cancel_requested run whose lease is still
+-- live (lease_expires_at > now) moves the run's and its open attempt's heartbeat and lease
+-- forward. Otherwise nothing is written. Touches no indexed column, so both updates can be HOT.
+-- Returns the run's status when renewed (so a cancel request is seen), no row otherwise.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+renewed AS (
+    UPDATE agent_runs r
+    SET heartbeat_at = clock.now,
+        lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s::float8),
+        updated_at = clock.now
+    FROM clock
+    WHERE r.id = %(run_id)s
+      AND r.worker_id = %(worker_id)s::text
+      AND r.status IN ('running', 'cancel_requested')
+      AND r.lease_expires_at > clock.now
+    RETURNING r.id, r.status, r.worker_id, r.heartbeat_at, r.lease_expires_at
+),
+attempt AS (
+    UPDATE agent_run_attempts a
+    SET heartbeat_at = renewed.heartbeat_at,
+        lease_expires_at = renewed.lease_expires_at,
+        updated_at = renewed.heartbeat_at
+    FROM renewed
+    WHERE a.run_id = renewed.id AND a.finished_at IS NULL AND a.worker_id = renewed.worker_id
+    RETURNING a.id
+)
+SELECT status FROM renewed
