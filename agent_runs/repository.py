@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Mapping
 from dataclasses import fields
@@ -110,8 +111,10 @@ class AgentRunRepository:
                     cur.execute(sql, params, prepare=True)
                     conn.execute("COMMIT")
             except BaseException:
+                # Leave the connection idle again; the original error is the one to report.
                 if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
-                    conn.execute("ROLLBACK")
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
                 raise
             return cur.fetchall()
         with conn.transaction():
