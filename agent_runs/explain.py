@@ -1,0 +1,285 @@
+"""Explain a run's current status from its attempt facts, or say exactly what does not fit.
+
+Strict on purpose: every rule below is a state the repository's transitions can produce, and
+anything else is reported unexplained (the chaos suite counts those and expects zero).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from itertools import pairwise
+from typing import Final, NamedTuple
+
+from agent_runs.models import AgentRun, AttemptOutcome, RunAttempt, RunStatus
+
+LEGACY: Final = "legacy: no facts recorded"
+LEASE_EXPIRED_ERROR: Final = "worker_lease_expired"
+
+# Outcomes after which the run may be claimed again (so another attempt may follow).
+_REOPENING: Final = frozenset({AttemptOutcome.RETRY_RELEASED, AttemptOutcome.LEASE_EXPIRED})
+
+
+class Explanation(NamedTuple):
+    """One line about why the run is in its status; `explained` is False when the facts disagree."""
+
+    explained: bool
+    text: str
+
+
+def explain_run(run: AgentRun, attempts: Sequence[RunAttempt]) -> Explanation:
+    """Explain `run.status` from `attempts` (the run's whole history, any order)."""
+    ordered = sorted(attempts, key=lambda a: a.attempt_no)
+    problem = _shape_problem(run) or _history_problem(run, ordered)
+    if problem is not None:
+        return _unexplained(run, problem)
+    if not ordered and run.started_at is not None:
+        return Explanation(
+            True,
+            f"{LEGACY} (run is {run.status}; it started {_ts(run.started_at)}, "
+            "before attempts were recorded)",
+        )
+    return _STATUS_RULES[run.status](run, ordered)
+
+
+# -- structure: what must hold whatever the status -------------------------------------------
+
+
+def _shape_problem(run: AgentRun) -> str | None:
+    lease = (run.worker_id, run.heartbeat_at, run.lease_expires_at)
+    if any(v is None for v in lease) and any(v is not None for v in lease):
+        return "its lease columns are partly set"
+    if run.is_terminal:
+        if run.finished_at is None:
+            return "a terminal run has no finished_at"
+        if run.worker_id is not None:
+            return f"a terminal run still has an owner ({run.worker_id})"
+    elif run.finished_at is not None:
+        return f"a non-terminal run has finished_at {_ts(run.finished_at)}"
+    if run.status == RunStatus.RUNNING and run.worker_id is None:
+        return "a running run has no owner"
+    if run.status == RunStatus.PENDING and run.worker_id is not None:
+        return f"a pending run has an owner ({run.worker_id})"
+    return None
+
+
+def _history_problem(run: AgentRun, attempts: list[RunAttempt]) -> str | None:
+    numbers = [a.attempt_no for a in attempts]
+    if numbers != list(range(1, len(attempts) + 1)):
+        return f"attempt numbers are {numbers}, expected 1..{len(attempts)}"
+    for attempt in attempts:
+        if attempt.run_id != run.id:
+            return f"attempt {attempt.attempt_no} belongs to run {attempt.run_id}"
+        if (attempt.outcome is None) != (attempt.finished_at is None):
+            return f"attempt {attempt.attempt_no} has only one of outcome and finished_at"
+        if attempt.finished_at is not None and attempt.finished_at < attempt.started_at:
+            return f"attempt {attempt.attempt_no} finished before it started"
+    for earlier, later in pairwise(attempts):
+        if earlier.finished_at is None:
+            return (
+                f"attempt {earlier.attempt_no} is still open but attempt {later.attempt_no} exists"
+            )
+        if earlier.outcome not in _REOPENING:
+            return (
+                f"attempt {earlier.attempt_no} ended {earlier.outcome}, "
+                f"yet attempt {later.attempt_no} followed"
+            )
+        if later.started_at < earlier.finished_at:
+            return (
+                f"attempt {later.attempt_no} started before attempt {earlier.attempt_no} "
+                "finished (two owners at once)"
+            )
+    if not attempts:
+        return None
+    first, last = attempts[0], attempts[-1]
+    if run.started_at is None:
+        return "it has attempts but no started_at"
+    if run.started_at > first.started_at:
+        return "its started_at is later than its first attempt's"
+    if last.finished_at is None:
+        if run.status not in (RunStatus.RUNNING, RunStatus.CANCEL_REQUESTED):
+            return f"attempt {last.attempt_no} is still open on a {run.status} run"
+        if run.worker_id != last.worker_id:
+            return (
+                f"open attempt {last.attempt_no} belongs to {last.worker_id} "
+                f"but the run's owner is {run.worker_id}"
+            )
+    elif run.worker_id is not None:
+        return f"the run is owned by {run.worker_id} but no attempt is open"
+    if run.finished_at and last.finished_at and last.finished_at > run.finished_at:
+        return f"attempt {last.attempt_no} finished after the run did"
+    return None
+
+
+# -- one rule per status ---------------------------------------------------------------------
+
+
+def _completed(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
+    if not attempts:
+        return _unexplained(run, "no attempt completed it")
+    last = attempts[-1]
+    if last.outcome != AttemptOutcome.COMPLETED:
+        return _unexplained(run, f"last attempt {last.attempt_no} ended {last.outcome}")
+    return _ok(run, f"attempt {last.attempt_no} by {last.worker_id} completed it", attempts)
+
+
+def _failed(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
+    error = _error(run.error_type, run.error_message)
+    if not attempts:
+        return _ok(run, f"failed while pending, before any attempt: {error}", attempts)
+    last = attempts[-1]
+    if last.outcome == AttemptOutcome.FAILED:
+        if last.error_type != run.error_type:
+            return _unexplained(
+                run,
+                f"attempt {last.attempt_no} failed with {last.error_type!r} "
+                f"but the run with {run.error_type!r}",
+            )
+        return _ok(run, f"attempt {last.attempt_no} by {last.worker_id} failed: {error}", attempts)
+    if last.outcome == AttemptOutcome.LEASE_EXPIRED:
+        if run.error_type != LEASE_EXPIRED_ERROR or last.error_type != LEASE_EXPIRED_ERROR:
+            return _unexplained(
+                run,
+                f"attempt {last.attempt_no} ended lease_expired but the run's error is "
+                f"{run.error_type!r}, expected {LEASE_EXPIRED_ERROR!r}",
+            )
+        return _ok(
+            run,
+            f"attempt {last.attempt_no} by {last.worker_id} lost its lease "
+            f"(last heartbeat {_ts(last.heartbeat_at)}) and the reconciler failed the run: "
+            "result unknown, check side effects (at-least-once)",
+            attempts,
+        )
+    if last.outcome == AttemptOutcome.RETRY_RELEASED:
+        if run.error_type == LEASE_EXPIRED_ERROR:
+            how = "then cancel was requested while no worker owned it and the reconciler failed it"
+        else:
+            how = f"then it was failed while pending: {error}"
+        return _ok(run, f"attempt {last.attempt_no} was released for retry, {how}", attempts)
+    return _unexplained(
+        run, f"a failed run must end in a failed or lease_expired attempt, not {last.outcome}"
+    )
+
+
+def _cancelled(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
+    if not attempts:
+        return _ok(run, "cancelled before it ever started (no attempt)", attempts)
+    last = attempts[-1]
+    if last.outcome == AttemptOutcome.CANCELLED:
+        return _ok(
+            run,
+            f"attempt {last.attempt_no} by {last.worker_id} stopped on the cancel request",
+            attempts,
+        )
+    if last.outcome == AttemptOutcome.RETRY_RELEASED:
+        return _ok(
+            run,
+            f"attempt {last.attempt_no} was released for retry, then it was cancelled",
+            attempts,
+        )
+    return _unexplained(run, f"a cancelled run must end in a cancelled attempt, not {last.outcome}")
+
+
+def _interrupted(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
+    if not attempts:
+        return _unexplained(run, "no attempt interrupted it")
+    last = attempts[-1]
+    if last.outcome != AttemptOutcome.INTERRUPTED:
+        return _unexplained(run, f"last attempt {last.attempt_no} ended {last.outcome}")
+    if last.error_type != run.error_type:
+        return _unexplained(
+            run,
+            f"attempt {last.attempt_no} was interrupted with {last.error_type!r} "
+            f"but the run with {run.error_type!r}",
+        )
+    error = _error(run.error_type, run.error_message)
+    return _ok(
+        run, f"attempt {last.attempt_no} by {last.worker_id} was interrupted: {error}", attempts
+    )
+
+
+def _pending(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
+    if not attempts:
+        return _ok(run, "waiting for its first attempt", attempts)
+    last = attempts[-1]
+    if last.outcome != AttemptOutcome.RETRY_RELEASED:
+        return _unexplained(
+            run, f"a pending run's last attempt must be retry_released, not {last.outcome}"
+        )
+    return _ok(
+        run,
+        f"attempt {last.attempt_no} was released for retry; attempt {last.attempt_no + 1} "
+        "will follow",
+        attempts,
+    )
+
+
+def _running(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
+    if not attempts:
+        return _unexplained(run, "a running run without started_at")
+    last = attempts[-1]
+    return _ok(
+        run,
+        f"attempt {last.attempt_no} by {last.worker_id} holds the lease "
+        f"until {_ts(run.lease_expires_at)}",
+        attempts,
+    )
+
+
+def _cancel_requested(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
+    if not attempts:
+        return _unexplained(run, "cancel was requested but it never started (no started_at)")
+    last = attempts[-1]
+    if last.finished_at is None:
+        return _ok(
+            run,
+            f"attempt {last.attempt_no} by {last.worker_id} has yet to stop "
+            f"(lease until {_ts(run.lease_expires_at)})",
+            attempts,
+        )
+    if last.outcome != AttemptOutcome.RETRY_RELEASED:
+        return _unexplained(
+            run,
+            f"an ownerless cancel_requested run's last attempt must be retry_released, "
+            f"not {last.outcome}",
+        )
+    return _ok(
+        run,
+        f"attempt {last.attempt_no} was released for retry, then cancel was requested; "
+        "the next claimer finishes it cancelled",
+        attempts,
+    )
+
+
+_STATUS_RULES: Final = {
+    RunStatus.COMPLETED: _completed,
+    RunStatus.FAILED: _failed,
+    RunStatus.CANCELLED: _cancelled,
+    RunStatus.INTERRUPTED: _interrupted,
+    RunStatus.PENDING: _pending,
+    RunStatus.RUNNING: _running,
+    RunStatus.CANCEL_REQUESTED: _cancel_requested,
+}
+
+
+# -- text ------------------------------------------------------------------------------------
+
+
+def _ok(run: AgentRun, reason: str, attempts: list[RunAttempt]) -> Explanation:
+    earlier = ", ".join(f"#{a.attempt_no} {a.outcome}" for a in attempts[:-1])
+    suffix = f" (earlier: {earlier})" if earlier else ""
+    return Explanation(True, f"{run.status}: {reason}{suffix}")
+
+
+def _unexplained(run: AgentRun, problem: str) -> Explanation:
+    return Explanation(False, f"unexplained: {run.status} run {run.id}: {problem}")
+
+
+def _error(error_type: str | None, message: str | None) -> str:
+    if error_type and message:
+        return f"{error_type}: {' '.join(message.split())}"
+    return error_type or message or "no error recorded"
+
+
+def _ts(value: datetime | None) -> str:
+    return value.isoformat(timespec="milliseconds") if value is not None else "never"
