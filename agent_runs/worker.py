@@ -429,11 +429,19 @@ class Worker:
         if self.stopping:
             return None
         token = self.new_owner_token()
-        with self.repository() as repo:
-            claimed_at = time.monotonic()  # before the lease starts in the database: conservative
-            run = repo.claim_next(
-                worker_id=token, lease_seconds=self.lease_seconds, agent_slugs=self.agent_slugs
-            )
+        claimed_at = time.monotonic()  # before the lease starts in the database: conservative
+        try:
+            with self.repository() as repo:
+                run = repo.claim_next(
+                    worker_id=token, lease_seconds=self.lease_seconds, agent_slugs=self.agent_slugs
+                )
+        except DB_ERRORS:
+            # The claim may have committed although its reply was lost: find it by our token
+            # while its lease can still be live, rather than leave it to expire unexecuted.
+            run = self._find_claim_in_doubt(token, deadline=claimed_at + self.lease_seconds)
+            if run is None:
+                raise
+            log.warning("run %s: claim reply was lost; found it by its owner token", run.id)
         if run is None:
             return None
         lease = self.heartbeat.track(run.id, token, deadline=claimed_at + self.lease_seconds)
@@ -441,6 +449,16 @@ class Worker:
             return self._execute(run, lease, stop)
         finally:
             self.heartbeat.untrack(lease)
+
+    def _find_claim_in_doubt(self, token: str, *, deadline: float) -> AgentRun | None:
+        backoff = Backoff(cap=max(0.2, self.heartbeat_seconds))
+        while time.monotonic() < deadline:
+            try:
+                with self.repository() as repo:
+                    return repo.get_run_by_owner(token)
+            except DB_ERRORS:
+                time.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
+        return None
 
     # -- one run ---------------------------------------------------------------------------
 

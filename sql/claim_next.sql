@@ -36,7 +36,9 @@ expired AS (
         error_message = %(lost_message)s::text,
         updated_at = clock.now
     FROM claimed, clock
-    WHERE a.run_id = claimed.id AND a.finished_at IS NULL
+    -- The claimed id as a scalar: an index lookup of the run's open attempt, never a walk
+    -- over every open attempt (the planner thinks a 1-row CTE makes either one cheap).
+    WHERE a.run_id = (SELECT id FROM claimed) AND a.finished_at IS NULL
     RETURNING a.id
 ),
 opened AS (
@@ -44,11 +46,16 @@ opened AS (
         run_id, attempt_no, worker_id, started_at, heartbeat_at, lease_expires_at,
         created_at, updated_at
     )
-    SELECT claimed.id,
-           coalesce((SELECT max(attempt_no) FROM agent_run_attempts WHERE run_id = claimed.id), 0) + 1,
-           claimed.worker_id, clock.now, claimed.heartbeat_at, claimed.lease_expires_at,
-           clock.now, clock.now
-    FROM claimed, clock
+    SELECT claimed.id, previous.attempt_no + 1, claimed.worker_id,
+           -- now() is the transaction's start: never let an attempt start before the one
+           -- it follows finished (a release may commit between our BEGIN and our lock).
+           greatest(clock.now, previous.finished_at),
+           claimed.heartbeat_at, claimed.lease_expires_at, clock.now, clock.now
+    FROM claimed, clock,
+         LATERAL (SELECT coalesce(max(a.attempt_no), 0) AS attempt_no,
+                         max(a.finished_at) AS finished_at
+                  FROM agent_run_attempts a
+                  WHERE a.run_id = claimed.id) AS previous
     -- Reading `expired` first closes the old attempt before the new one opens.
     WHERE (SELECT count(*) FROM expired) >= 0
     RETURNING id

@@ -41,7 +41,8 @@ expired AS (
         error_message = %(lost_message)s::text,
         updated_at = clock.now
     FROM claimed, clock
-    WHERE claimed.initial_claim AND a.run_id = claimed.id AND a.finished_at IS NULL
+    WHERE claimed.initial_claim
+      AND a.run_id = %(run_id)s AND a.run_id = claimed.id AND a.finished_at IS NULL
     RETURNING a.id
 ),
 opened AS (
@@ -49,11 +50,16 @@ opened AS (
         run_id, attempt_no, worker_id, started_at, heartbeat_at, lease_expires_at,
         created_at, updated_at
     )
-    SELECT claimed.id,
-           coalesce((SELECT max(attempt_no) FROM agent_run_attempts WHERE run_id = claimed.id), 0) + 1,
-           claimed.worker_id, clock.now, claimed.heartbeat_at, claimed.lease_expires_at,
-           clock.now, clock.now
-    FROM claimed, clock
+    SELECT claimed.id, previous.attempt_no + 1, claimed.worker_id,
+           -- now() is the transaction's start: never let an attempt start before the one
+           -- it follows finished (a release may commit between our BEGIN and our lock).
+           greatest(clock.now, previous.finished_at),
+           claimed.heartbeat_at, claimed.lease_expires_at, clock.now, clock.now
+    FROM claimed, clock,
+         LATERAL (SELECT coalesce(max(a.attempt_no), 0) AS attempt_no,
+                         max(a.finished_at) AS finished_at
+                  FROM agent_run_attempts a
+                  WHERE a.run_id = claimed.id) AS previous
     -- Reading `expired` first closes the old attempt before the new one opens.
     WHERE claimed.initial_claim AND (SELECT count(*) FROM expired) >= 0
     RETURNING id
@@ -65,7 +71,8 @@ refreshed AS (
         updated_at = claimed.updated_at
     FROM claimed
     WHERE NOT claimed.initial_claim
-      AND a.run_id = claimed.id AND a.finished_at IS NULL AND a.worker_id = claimed.worker_id
+      AND a.run_id = %(run_id)s AND a.run_id = claimed.id AND a.finished_at IS NULL
+      AND a.worker_id = claimed.worker_id
     RETURNING a.id
 )
 SELECT true AS acquired, claimed.* FROM claimed
