@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import uuid
+import weakref
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any, Final, LiteralString
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import PipelineStatus, TransactionStatus
+from psycopg.pq.abc import PGconn
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -62,6 +66,45 @@ _ATTEMPT_TIMESTAMPS: Final = (
 )
 
 
+_PLACEHOLDER: Final = re.compile(r"%\((\w+)\)s")
+
+
+@dataclass(frozen=True, slots=True)
+class _Statement:
+    """sql/<name>.sql as a server-side prepared statement, run in one protocol message."""
+
+    name: LiteralString  # the prepared statement's name on the server
+    prepare: LiteralString  # PREPARE <name> AS <the file's SQL, %(param)s -> $n>
+    transaction: LiteralString  # BEGIN; EXECUTE <name>(%s, ...); COMMIT
+    params: tuple[str, ...]  # parameter names, in $n order
+
+
+@cache
+def _statement(name: str) -> _Statement:
+    text = query(name)
+    params: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in params:
+            params.append(match.group(1))
+        return f"${params.index(match.group(1)) + 1}"
+
+    body = _PLACEHOLDER.sub(number, text)
+    server_name = f"agent_runs_{name}"
+    args = ", ".join(["%s"] * len(params))
+    # Derived only from the shipped .sql file and its fixed name: literal SQL, never input.
+    return _Statement(
+        name=server_name,
+        prepare=f"PREPARE {server_name} AS\n{body}",
+        transaction=f"BEGIN; EXECUTE {server_name}({args}); COMMIT",
+        params=tuple(params),
+    )
+
+
+# The statements prepared on each server session (a PGconn lives as long as its session).
+_prepared_on: weakref.WeakKeyDictionary[PGconn, set[str]] = weakref.WeakKeyDictionary()
+
+
 def _utc(row: Row, names: tuple[str, ...]) -> None:
     for name in names:
         value = row[name]
@@ -97,29 +140,58 @@ class AgentRunRepository:
     def _execute(self, name: LiteralString, params: Mapping[str, Any]) -> list[Row]:
         """Run sql/<name>.sql in an explicit transaction and return its rows as dicts."""
         conn = self.conn
-        sql = query(name)
-        cur = conn.cursor(row_factory=dict_row)
         if (
             conn.autocommit
             and conn.info.transaction_status == TransactionStatus.IDLE
             and conn.pgconn.pipeline_status == PipelineStatus.OFF
         ):
-            # BEGIN, the statement and COMMIT travel in one round trip.
-            try:
-                with conn.pipeline():
-                    conn.execute("BEGIN")
-                    cur.execute(sql, params, prepare=True)
-                    conn.execute("COMMIT")
-            except BaseException:
-                # Leave the connection idle again; the original error is the one to report.
-                if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
-                    with contextlib.suppress(psycopg.Error):
-                        conn.execute("ROLLBACK")
-                raise
-            return cur.fetchall()
+            return self._execute_in_one_message(_statement(name), params)
+        # Inside the caller's transaction: a savepoint around the statement.
         with conn.transaction():
-            cur.execute(sql, params, prepare=True)
+            cur = conn.cursor(row_factory=dict_row)
+            cur.execute(query(name), params, prepare=True)
             return cur.fetchall()
+
+    def _execute_in_one_message(self, stmt: _Statement, params: Mapping[str, Any]) -> list[Row]:
+        """BEGIN; EXECUTE <prepared statement>; COMMIT as one message: one round trip, and
+        one packet each way.
+
+        The statement is prepared once per session; its arguments are quoted by psycopg's
+        client-side binding (ClientCursor), so values stay data. A session that lost its
+        prepared statements (DISCARD ALL) prepares them again.
+        """
+        conn = self.conn
+        prepared = _prepared_on.setdefault(conn.pgconn, set())
+        args = [params[name] for name in stmt.params]
+        cur = psycopg.ClientCursor(conn, row_factory=dict_row)
+        for retry in (False, True):
+            if stmt.name not in prepared:
+                # Another thread sharing this connection may have prepared it first.
+                with contextlib.suppress(pg_errors.DuplicatePreparedStatement):
+                    conn.execute(stmt.prepare)
+                prepared.add(stmt.name)
+            try:
+                cur.execute(stmt.transaction, args)
+            except pg_errors.InvalidSqlStatementName:
+                self._rollback_failed()
+                prepared.discard(stmt.name)
+                if retry:
+                    raise
+                continue
+            except BaseException:
+                self._rollback_failed()
+                raise
+            cur.nextset()  # from BEGIN's result to the statement's
+            return cur.fetchall()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _rollback_failed(self) -> None:
+        """End the transaction a failed one-message transition left open (its COMMIT never ran)."""
+        conn = self.conn
+        if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
+            # Leave the connection idle again; the original error is the one to report.
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
 
     def _claim(self, name: LiteralString, params: Mapping[str, Any]) -> list[Row]:
         for tries_left in range(_CLAIM_TRIES - 1, -1, -1):
@@ -170,6 +242,11 @@ class AgentRunRepository:
                     raise InvalidArgument(f"request_id {request_id!r} is being reused; retry")
                 return _run(row)
         except pg_errors.UniqueViolation as exc:
+            # A concurrent create with the same request_id can trip the thread index before
+            # ON CONFLICT sees the request_id: idempotency is checked first, so look again.
+            existing = self._execute("get_run_by_request_id", params)
+            if existing:
+                return _run(existing[0])
             if exc.diag.constraint_name == UQ_ONE_ACTIVE_PER_THREAD:
                 raise ThreadBusy(
                     f"thread {thread_id!r} of uid {uid!r} already has an active run of agent "
@@ -185,6 +262,11 @@ class AgentRunRepository:
 
     def get_run(self, run_id: str) -> AgentRun | None:
         rows = self._execute("get_run", {"run_id": check.identifier("run_id", run_id)})
+        return _run(rows[0]) if rows else None
+
+    def get_run_by_owner(self, worker_id: str) -> AgentRun | None:
+        """The live run whose lease this owner token holds, if any (e.g. after a lost reply)."""
+        rows = self._execute("get_run_by_owner", {"worker_id": check.worker_id(worker_id)})
         return _run(rows[0]) if rows else None
 
     def list_run_attempts(self, run_id: str) -> list[RunAttempt]:

@@ -54,10 +54,12 @@ CREATE INDEX ix_agent_runs_claimable
     ON agent_runs (created_at, id)
     WHERE status = 'pending' OR (status = 'cancel_requested' AND worker_id IS NULL);
 
--- Reconciler: the few live runs, found by status. Lease columns are deliberately not
+-- Reconciler: the few live runs, found by their status (the predicate). Keyed by id, so a
+-- guarded "UPDATE … WHERE id = $1 AND status IN (live)" is an exact lookup whichever index
+-- the planner prefers, never a walk over every live run. Lease columns are deliberately not
 -- indexed, so that a lease renewal stays a HOT update.
 CREATE INDEX ix_agent_runs_live
-    ON agent_runs (status)
+    ON agent_runs (id)
     WHERE status IN ('running', 'cancel_requested');
 
 -- Sub-agent lookups and ON DELETE SET NULL of a parent.

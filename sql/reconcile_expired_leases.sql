@@ -29,7 +29,8 @@ attempts AS (
         error_message = %(lost_message)s::text,
         updated_at = clock.now
     FROM converged, clock
-    WHERE a.run_id = converged.id AND a.finished_at IS NULL
+    WHERE a.run_id = ANY (%(run_ids)s::text[]) AND a.run_id = converged.id
+      AND a.finished_at IS NULL
     RETURNING a.id
 )
 SELECT converged.* FROM converged ORDER BY converged.id

@@ -24,7 +24,8 @@ finished AS (
         outcome = 'retry_released',
         updated_at = clock.now
     FROM released, clock
-    WHERE a.run_id = released.id AND a.finished_at IS NULL AND a.worker_id = %(worker_id)s::text
+    WHERE a.run_id = %(run_id)s AND a.run_id = released.id AND a.finished_at IS NULL
+      AND a.worker_id = %(worker_id)s::text
     RETURNING a.id
 )
 SELECT id FROM released

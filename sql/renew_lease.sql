@@ -23,7 +23,9 @@ attempt AS (
         lease_expires_at = renewed.lease_expires_at,
         updated_at = renewed.heartbeat_at
     FROM renewed
-    WHERE a.run_id = renewed.id AND a.finished_at IS NULL AND a.worker_id = renewed.worker_id
+    -- By the run_id parameter: an index lookup of the one open attempt.
+    WHERE a.run_id = %(run_id)s AND a.run_id = renewed.id AND a.finished_at IS NULL
+      AND a.worker_id = renewed.worker_id
     RETURNING a.id
 )
 SELECT status FROM renewed

@@ -13,7 +13,8 @@ locked AS (
     FROM agent_runs r
     JOIN leases l ON l.run_id = r.id AND l.worker_id = r.worker_id
     CROSS JOIN clock
-    WHERE r.status IN ('running', 'cancel_requested') AND r.lease_expires_at > clock.now
+    WHERE r.id = ANY (%(run_ids)s::text[])  -- index lookups, never a walk over live runs
+      AND r.status IN ('running', 'cancel_requested') AND r.lease_expires_at > clock.now
     ORDER BY r.id
     FOR UPDATE OF r
 ),
@@ -32,7 +33,8 @@ attempts AS (
         lease_expires_at = renewed.lease_expires_at,
         updated_at = renewed.heartbeat_at
     FROM renewed
-    WHERE a.run_id = renewed.id AND a.finished_at IS NULL AND a.worker_id = renewed.worker_id
+    WHERE a.run_id = ANY (%(run_ids)s::text[]) AND a.run_id = renewed.id
+      AND a.finished_at IS NULL AND a.worker_id = renewed.worker_id
     RETURNING a.id
 )
 SELECT id, status FROM renewed

@@ -46,7 +46,8 @@ attempt AS (
         error_message = %(error_message)s::text,
         updated_at = clock.now
     FROM finished, clock
-    WHERE a.run_id = finished.id AND a.finished_at IS NULL AND a.worker_id = finished.owner
+    WHERE a.run_id = %(run_id)s AND a.run_id = finished.id AND a.finished_at IS NULL
+      AND a.worker_id = finished.owner
     RETURNING a.id
 )
 SELECT true AS changed, finished.* FROM finished
