@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import Any, Final, TypeVar
 
 import psycopg
-from psycopg_pool import ConnectionPool, PoolClosed
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from agent_runs.errors import InvalidArgument, NotLeaseOwner
 from agent_runs.models import AgentRun, AttemptOutcome, RunStatus, manifest_fingerprint
@@ -38,6 +38,29 @@ DB_ERRORS: Final = (psycopg.OperationalError, psycopg.InterfaceError)
 
 # Owner tokens are `f"{name}:{uuid4().hex}"` and worker_id is at most 128 characters.
 MAX_NAME_LENGTH: Final = 128 - 33
+
+
+@contextmanager
+def connection(pool: ConnectionPool, *, timeout: float) -> Iterator[psycopg.Connection[Any]]:
+    """A pooled connection or, while the pool is still backing off after an outage, a direct one.
+
+    psycopg_pool waits 1, 2, 4 … seconds between reconnection attempts: after a server restart
+    it can keep failing checkouts for seconds while the server is already back, and a lease
+    would expire meanwhile. A direct connection answers as soon as the server does.
+    """
+    try:
+        conn = pool.getconn(timeout=timeout)
+    except PoolTimeout:
+        conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+        kwargs = (pool.kwargs() if callable(pool.kwargs) else pool.kwargs) or {}
+        direct = psycopg.connect(conninfo, **{**kwargs, "autocommit": True, "connect_timeout": 2})
+        with direct:
+            yield direct
+        return
+    try:
+        yield conn
+    finally:
+        pool.putconn(conn)
 
 
 class RetryableError(Exception):
@@ -177,7 +200,7 @@ class HeartbeatService:
             return True
         sent_at = time.monotonic()
         try:
-            with self._pool.connection(timeout=self._timeout) as conn:
+            with connection(self._pool, timeout=self._timeout) as conn:
                 renewed = AgentRunRepository(conn).renew_leases(
                     {run_id: lease.worker_id for run_id, lease in batch.items()},
                     lease_seconds=self._lease_seconds,
@@ -370,7 +393,7 @@ class Worker:
 
     @contextmanager
     def repository(self) -> Iterator[AgentRunRepository]:
-        with self.pool.connection(timeout=self.connection_timeout) as conn:
+        with connection(self.pool, timeout=self.connection_timeout) as conn:
             yield AgentRunRepository(conn)
 
     # -- loops -----------------------------------------------------------------------------
