@@ -1,0 +1,243 @@
+"""Migrations tested by their effect: up, up again (no-op), down to zero, up again, same schema."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
+
+import agent_runs
+from agent_runs import AgentRunRepository, RunStatus
+from agent_runs.migrate import apply_migrations, rollback_migrations
+from agent_runs.sql import migrations_dir
+from tests.conftest import conninfo_to_url
+
+ALL = ["0001_agent_runs", "0002_agent_run_attempts"]
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+# The application's schema, as comparable text (yoyo's own bookkeeping tables left out).
+SCHEMA_SQL = """
+WITH app_rel AS (
+    SELECT c.oid, c.relname, c.relkind, c.reloptions
+    FROM pg_class c
+    WHERE c.relnamespace = 'public'::regnamespace
+      AND c.relname NOT LIKE '\\_yoyo%' AND c.relname NOT LIKE 'yoyo\\_%'
+)
+SELECT item FROM (
+    SELECT format('relation %s kind=%s options=%s', relname, relkind, reloptions) AS item
+    FROM app_rel
+    UNION ALL
+    SELECT format('column %s.%s %s not_null=%s default=%s identity=%s', r.relname, a.attname,
+                  format_type(a.atttypid, a.atttypmod), a.attnotnull,
+                  pg_get_expr(d.adbin, d.adrelid), a.attidentity)
+    FROM app_rel r
+    JOIN pg_attribute a ON a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped
+    LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+    WHERE r.relkind = 'r'
+    UNION ALL
+    SELECT format('constraint %s %s %s', r.relname, c.conname, pg_get_constraintdef(c.oid))
+    FROM pg_constraint c JOIN app_rel r ON r.oid = c.conrelid
+    UNION ALL
+    SELECT format('index %s', pg_get_indexdef(i.indexrelid))
+    FROM pg_index i JOIN app_rel r ON r.oid = i.indrelid
+    UNION ALL
+    SELECT format('trigger %s', pg_get_triggerdef(t.oid))
+    FROM pg_trigger t JOIN app_rel r ON r.oid = t.tgrelid WHERE NOT t.tgisinternal
+    UNION ALL
+    SELECT format('function %s %s', p.oid::regprocedure, md5(p.prosrc))
+    FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace
+) AS schema
+ORDER BY item
+"""
+
+
+def schema(url: str) -> list[str]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return [row[0] for row in conn.execute(SCHEMA_SQL).fetchall()]
+
+
+def relations(url: str) -> set[str]:
+    return {
+        item.split()[1] for item in schema(url) if item.startswith("relation") and "kind=r" in item
+    }
+
+
+def test_every_migration_has_a_rollback_file() -> None:
+    folder = migrations_dir()
+    forward = sorted(p.stem for p in folder.glob("*.sql") if not p.stem.endswith(".rollback"))
+    assert forward == ALL
+    for name in forward:
+        rollback = folder / f"{name}.rollback.sql"
+        assert rollback.is_file(), rollback
+        assert rollback.read_text(encoding="utf-8").strip()
+
+
+def test_migrations_apply_to_an_empty_database(blank_dsn: str) -> None:
+    assert relations(blank_dsn) == set()
+    assert apply_migrations(blank_dsn) == ALL
+    assert relations(blank_dsn) == {"agent_runs", "agent_run_attempts"}
+    items = schema(blank_dsn)
+    assert any(item.startswith("trigger ") for item in items)
+    assert any("uq_agent_run_attempts_run_attempt_no" in item for item in items)
+
+
+def test_reapplying_migrations_is_a_no_op_that_keeps_the_data(blank_dsn: str) -> None:
+    apply_migrations(blank_dsn)
+    before = schema(blank_dsn)
+    with agent_runs.connect(blank_dsn) as conn:
+        run = AgentRunRepository(conn).create_run(
+            thread_id="t", agent_slug="a", uid="u", request_id="r"
+        )
+    assert apply_migrations(blank_dsn) == []
+    assert schema(blank_dsn) == before
+    with agent_runs.connect(blank_dsn) as conn:
+        assert AgentRunRepository(conn).get_run(run.id) is not None
+
+
+def test_migrations_roll_back_one_by_one_to_zero_and_apply_again(blank_dsn: str) -> None:
+    apply_migrations(blank_dsn)
+    applied = schema(blank_dsn)
+
+    assert rollback_migrations(blank_dsn, count=1) == ["0002_agent_run_attempts"]
+    assert relations(blank_dsn) == {"agent_runs"}
+    assert not any(item.startswith(("function ", "trigger ")) for item in schema(blank_dsn))
+
+    assert rollback_migrations(blank_dsn, count=1) == ["0001_agent_runs"]
+    assert schema(blank_dsn) == []
+
+    assert rollback_migrations(blank_dsn, count=1) == []
+    assert apply_migrations(blank_dsn) == ALL
+    assert schema(blank_dsn) == applied
+
+
+def test_rolling_back_0002_keeps_the_runs_and_drops_their_history(blank_dsn: str) -> None:
+    apply_migrations(blank_dsn)
+    with agent_runs.connect(blank_dsn) as conn:
+        repo = AgentRunRepository(conn)
+        run = repo.create_run(thread_id="t", agent_slug="a", uid="u", request_id="r")
+        assert repo.mark_running(run.id, worker_id="w", lease_seconds=30, now=T0).acquired
+    rollback_migrations(blank_dsn, count=1)
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT status, worker_id FROM agent_runs").fetchone()
+    assert row == ("running", "w")
+    assert apply_migrations(blank_dsn) == ["0002_agent_run_attempts"]
+    with agent_runs.connect(blank_dsn) as conn:
+        assert AgentRunRepository(conn).list_run_attempts(run.id) == []
+
+
+LEGACY_RUNS: list[dict[str, Any]] = [
+    {"id": "legacy-pending", "status": "pending"},
+    {
+        "id": "legacy-running",
+        "status": "running",
+        "worker_id": "old-worker",
+        "heartbeat_at": T0,
+        "lease_expires_at": T0 + timedelta(seconds=60),
+        "started_at": T0,
+    },
+    {
+        "id": "legacy-expired",
+        "status": "running",
+        "worker_id": "lost-worker",
+        "heartbeat_at": T0 - timedelta(hours=1),
+        "lease_expires_at": T0 - timedelta(minutes=59),
+        "started_at": T0 - timedelta(hours=1),
+    },
+    {
+        "id": "legacy-cancel",
+        "status": "cancel_requested",
+        "worker_id": "old-worker-2",
+        "heartbeat_at": T0,
+        "lease_expires_at": T0 + timedelta(seconds=60),
+        "started_at": T0,
+    },
+    {"id": "legacy-done", "status": "completed", "started_at": T0, "finished_at": T0},
+    {
+        "id": "legacy-failed",
+        "status": "failed",
+        "error_type": "boom",
+        "error_message": "it broke",
+        "started_at": T0,
+        "finished_at": T0,
+    },
+]
+
+
+@pytest.fixture
+def legacy_dsn(blank_dsn: str) -> str:
+    """A database migrated to 0001 only, holding runs in every state, then migrated to 0002."""
+    apply_migrations(blank_dsn)
+    assert rollback_migrations(blank_dsn, count=1) == ["0002_agent_run_attempts"]
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        for i, run in enumerate(LEGACY_RUNS):
+            values = {
+                "request_id": f"req-{i}",
+                "thread_id": f"thread-{i}",
+                "agent_slug": "a",
+                "uid": "u",
+                **run,
+            }
+            columns = ", ".join(values)
+            marks = ", ".join(f"%({name})s" for name in values)
+            conn.execute(
+                f"INSERT INTO agent_runs ({columns}) VALUES ({marks})",  # noqa: S608
+                values,
+            )
+    return blank_dsn
+
+
+def _runs(url: str) -> list[dict[str, Any]]:
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute("SELECT * FROM agent_runs ORDER BY id").fetchall()
+
+
+def test_0002_on_a_database_with_legacy_runs_back_fills_nothing(legacy_dsn: str) -> None:
+    before = _runs(legacy_dsn)
+    assert apply_migrations(legacy_dsn) == ["0002_agent_run_attempts"]
+    with psycopg.connect(legacy_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM agent_run_attempts").fetchone() == (0,)
+    assert _runs(legacy_dsn) == before
+    with agent_runs.connect(legacy_dsn) as conn:
+        repo = AgentRunRepository(conn)
+        for run in LEGACY_RUNS:
+            assert repo.list_run_attempts(run["id"]) == []
+            assert repo.get_open_attempt(run["id"]) is None
+
+
+def test_legacy_runs_keep_working_after_0002(legacy_dsn: str) -> None:
+    """A legacy owner can finish its run (no attempt to close); new claims start history."""
+    apply_migrations(legacy_dsn)
+    now = T0 + timedelta(seconds=1)
+    with agent_runs.connect(legacy_dsn) as conn:
+        repo = AgentRunRepository(conn)
+        assert repo.renew_lease("legacy-running", worker_id="old-worker", lease_seconds=60, now=now)
+        finished = repo.set_terminal_status(
+            "legacy-running", status="completed", worker_id="old-worker", now=now
+        )
+        assert finished.changed and finished.run is not None
+        assert repo.list_run_attempts("legacy-running") == []
+
+        claim = repo.mark_running("legacy-pending", worker_id="new", lease_seconds=60, now=now)
+        assert claim.acquired
+        [attempt] = repo.list_run_attempts("legacy-pending")
+        assert (attempt.attempt_no, attempt.worker_id, attempt.is_open) == (1, "new", True)
+
+        converged = repo.reconcile_expired_leases(now=now)
+        assert [run.id for run in converged] == ["legacy-expired"]
+        assert converged[0].status == RunStatus.FAILED
+        assert repo.list_run_attempts("legacy-expired") == []
+
+
+def test_a_key_value_dsn_becomes_a_url_that_migrations_accept(blank_dsn: str) -> None:
+    """The harness hands out postgresql:// URLs even when AGENT_RUNS_TEST_DSN is key=value."""
+    key_value = make_conninfo("", **conninfo_to_dict(blank_dsn))
+    assert not key_value.startswith("postgresql://")
+    url = conninfo_to_url(key_value)
+    assert url.startswith("postgresql://")
+    assert conninfo_to_dict(url) == conninfo_to_dict(blank_dsn)
+    assert apply_migrations(url) == ALL
+    assert relations(blank_dsn) == {"agent_runs", "agent_run_attempts"}
