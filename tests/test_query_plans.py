@@ -1,0 +1,205 @@
+"""The hot statements' plans on a seeded table: claims read the backlog in index order, and
+every transition finds its run and its attempt by an index lookup, never by a walk.
+
+The repository runs each statement as a server-side prepared statement, which PostgreSQL plans
+generically after a few executions, so both plans are checked: the custom one (parameters
+known) and the generic one (plan_cache_mode = force_generic_plan).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from typing import Any, Final
+
+import psycopg
+import pytest
+
+import agent_runs
+from agent_runs.repository import LEASE_EXPIRED_MESSAGE, _statement
+
+Conn = psycopg.Connection[Any]
+Node = dict[str, Any]
+
+PLAN_MODES: Final = ("force_custom_plan", "force_generic_plan")
+
+# History and a backlog, vacuumed and analyzed while no run is live; then a burst of claims that
+# the statistics have not seen yet (autovacuum catches up later). Estimates then make the partial
+# indexes of live runs and open attempts look nearly empty, the case where a plan that walks
+# them looks as cheap as a lookup.
+_SEED: Final = """
+WITH history AS (
+    INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid, status, started_at,
+                            finished_at, created_at)
+    SELECT 'done-' || i, 'done-req-' || i, 'thread-' || i, 'agent-' || mod(i, 4), 'user',
+           'completed', now() - interval '2 days', now() - interval '1 day',
+           now() - interval '3 days' + i * interval '1 second'
+    FROM generate_series(1, 6000) AS i
+    RETURNING id, started_at, finished_at
+)
+INSERT INTO agent_run_attempts (run_id, attempt_no, worker_id, started_at, finished_at, outcome)
+SELECT id, 1, 'old-worker', started_at, finished_at, 'completed' FROM history;
+
+INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid, created_at)
+SELECT 'pending-' || i, 'pending-req-' || i, 'pending-thread-' || i, 'agent-' || mod(i, 4),
+       'user', now() - interval '1 hour' + i * interval '1 millisecond'
+FROM generate_series(1, 3000) AS i;
+"""
+
+_LIVE: Final = """
+WITH live AS (
+    INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid, status, worker_id,
+                            heartbeat_at, lease_expires_at, started_at)
+    SELECT 'live-' || i, 'live-req-' || i, 'live-thread-' || i, 'agent-0', 'user', 'running',
+           'worker-' || i, now(), now() + interval '1 minute', now()
+    FROM generate_series(%s::int, %s::int) AS i
+    RETURNING id, worker_id, heartbeat_at, lease_expires_at, started_at
+)
+INSERT INTO agent_run_attempts (run_id, attempt_no, worker_id, started_at, heartbeat_at,
+                                lease_expires_at)
+SELECT id, 1, worker_id, started_at, heartbeat_at, lease_expires_at FROM live
+"""
+
+
+@pytest.fixture
+def seeded(dsn: str) -> Iterator[Conn]:
+    """History and a backlog, vacuumed and analyzed; then 400 live runs the statistics miss."""
+    with agent_runs.connect(dsn) as conn:
+        conn.execute(_SEED)
+        conn.execute("VACUUM (ANALYZE) agent_runs")
+        conn.execute("VACUUM (ANALYZE) agent_run_attempts")
+        conn.execute(_LIVE, (1, 400))
+        yield conn
+
+
+def _plan(conn: Conn, name: str, params: Mapping[str, Any], mode: str) -> Node:
+    """EXPLAIN the statement the repository prepares for sql/<name>.sql, as it would run."""
+    stmt = _statement(name)
+    args = [params[param] for param in stmt.params]
+    placeholders = ", ".join(["%s"] * len(args))
+    with conn.transaction(force_rollback=True):
+        conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
+        conn.execute(stmt.prepare)
+        try:
+            cur = psycopg.ClientCursor(conn)
+            row = cur.execute(
+                f"EXPLAIN (FORMAT JSON) EXECUTE {stmt.name}({placeholders})",
+                args,
+            ).fetchone()
+        finally:
+            conn.execute(f"DEALLOCATE {stmt.name}")
+    assert row is not None
+    document = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    plan: Node = document[0]["Plan"]
+    return plan
+
+
+def _nodes(plan: Node) -> Iterator[Node]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _scans_of(plan: Node, relation: str) -> list[Node]:
+    return [
+        n for n in _nodes(plan) if n.get("Relation Name") == relation and "Scan" in n["Node Type"]
+    ]
+
+
+def _describe(plan: Node) -> str:
+    return "\n".join(
+        f"{n['Node Type']} {n.get('Relation Name', '')} {n.get('Index Name', '')} "
+        f"{n.get('Index Cond', '')}"
+        for n in _nodes(plan)
+    )
+
+
+def _claim_params(agent_slugs: list[str] | None) -> dict[str, Any]:
+    return {
+        "now": None,
+        "agent_slugs": agent_slugs,
+        "worker_id": "claimer",
+        "lease_seconds": 30.0,
+        "lost_message": LEASE_EXPIRED_MESSAGE,
+    }
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+@pytest.mark.parametrize("agent_slugs", [None, ["agent-1"]], ids=["any-agent", "one-agent"])
+def test_claim_next_reads_the_claimable_index_in_order_and_never_sorts(
+    seeded: Conn, mode: str, agent_slugs: list[str] | None
+) -> None:
+    plan = _plan(seeded, "claim_next", _claim_params(agent_slugs), mode)
+    kinds = {node["Node Type"] for node in _nodes(plan)}
+    assert not kinds & {"Sort", "Incremental Sort"}, _describe(plan)
+    used = {node.get("Index Name") for node in _nodes(plan)}
+    assert "ix_agent_runs_claimable" in used, _describe(plan)
+    assert all(n["Node Type"] != "Seq Scan" for n in _scans_of(plan, "agent_runs")), _describe(plan)
+
+
+def _assert_lookups(plan: Node, relation: str, column: str) -> None:
+    """Every scan of `relation` is an index scan with an equality condition on `column`."""
+    scans = _scans_of(plan, relation)
+    assert scans, _describe(plan)
+    condition = re.compile(rf"(?<![\w.]){column} = ")
+    for scan in scans:
+        assert "Index" in scan["Node Type"], _describe(plan)
+        assert condition.search(scan.get("Index Cond", "")), _describe(plan)
+
+
+def _running(seeded: Conn) -> tuple[str, str]:
+    row = seeded.execute("SELECT id, worker_id FROM agent_runs WHERE id = 'live-7'").fetchone()
+    assert row is not None
+    return str(row[0]), str(row[1])
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_claim_next_finds_the_claimed_runs_open_attempt_by_run_id(seeded: Conn, mode: str) -> None:
+    """Converging a stale open attempt looks it up; it never walks every open attempt."""
+    plan = _plan(seeded, "claim_next", _claim_params(None), mode)
+    _assert_lookups(plan, "agent_run_attempts", "run_id")
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+@pytest.mark.parametrize("name", ["renew_lease", "set_terminal_status", "release_lease_for_retry"])
+def test_a_transition_looks_up_its_run_and_its_attempt(seeded: Conn, mode: str, name: str) -> None:
+    """By id and by run_id: a heartbeat's cost does not grow with the number of live runs."""
+    run_id, worker_id = _running(seeded)
+    params: dict[str, Any] = {
+        "run_id": run_id,
+        "worker_id": worker_id,
+        "lease_seconds": 30.0,
+        "now": None,
+        "status": "completed",
+        "error_type": None,
+        "error_message": None,
+    }
+    plan = _plan(seeded, name, params, mode)
+    _assert_lookups(plan, "agent_runs", "id")
+    _assert_lookups(plan, "agent_run_attempts", "run_id")
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_renew_leases_looks_up_each_run_and_attempt_of_the_batch(seeded: Conn, mode: str) -> None:
+    rows = seeded.execute(
+        "SELECT id, worker_id FROM agent_runs WHERE id LIKE 'live-%' ORDER BY id LIMIT 10"
+    ).fetchall()
+    params = {
+        "run_ids": [r[0] for r in rows],
+        "worker_ids": [r[1] for r in rows],
+        "lease_seconds": 30.0,
+        "now": None,
+    }
+    plan = _plan(seeded, "renew_leases", params, mode)
+    _assert_lookups(plan, "agent_runs", "id")
+    _assert_lookups(plan, "agent_run_attempts", "run_id")
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_the_reconciler_reads_only_live_runs(seeded: Conn, mode: str, t0: datetime) -> None:
+    plan = _plan(seeded, "lock_expired_leases", {"now": t0, "limit": 500}, mode)
+    assert all(n["Node Type"] != "Seq Scan" for n in _scans_of(plan, "agent_runs")), _describe(plan)
+    used = {node.get("Index Name") for node in _nodes(plan)}
+    assert used & {"ix_agent_runs_live"}, _describe(plan)
