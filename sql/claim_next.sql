@@ -4,14 +4,16 @@
 -- no sort of the backlog. pending -> running; ownerless cancel_requested -> owned
 -- cancel_requested. Any attempt left open is converged to lease_expired, then attempt max + 1
 -- opens. Returns no row when nothing is claimable, else the run as it is now.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now
-),
-candidate AS (
+-- now = coalesce(%(now)s, now()): the given clock, else the transaction's; the attempts take it
+-- from the claimed run's heartbeat_at.
+WITH candidate AS (
     SELECT r.id
     FROM agent_runs r
     WHERE (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
-      AND (%(agent_slugs)s::text[] IS NULL OR r.agent_slug = ANY (%(agent_slugs)s::text[]))
+      -- A CASE, not an OR: the generic plan's estimate then matches the custom one's, so the
+      -- prepared statement keeps its generic plan instead of being re-planned on every call.
+      AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
+               ELSE r.agent_slug = ANY (%(agent_slugs)s::text[]) END
     ORDER BY r.created_at, r.id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
@@ -20,22 +22,23 @@ claimed AS (
     UPDATE agent_runs r
     SET status = CASE WHEN r.status = 'pending' THEN 'running' ELSE r.status END,
         worker_id = %(worker_id)s::text,
-        heartbeat_at = clock.now,
-        lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s::float8),
-        started_at = coalesce(r.started_at, clock.now),
-        updated_at = clock.now
-    FROM candidate, clock
+        heartbeat_at = coalesce(%(now)s::timestamptz, now()),
+        lease_expires_at = coalesce(%(now)s::timestamptz, now())
+                           + make_interval(secs => %(lease_seconds)s::float8),
+        started_at = coalesce(r.started_at, %(now)s::timestamptz, now()),
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM candidate
     WHERE r.id = candidate.id
     RETURNING r.*
 ),
 expired AS (
     UPDATE agent_run_attempts a
-    SET finished_at = clock.now,
+    SET finished_at = claimed.heartbeat_at,
         outcome = 'lease_expired',
         error_type = 'worker_lease_expired',
         error_message = %(lost_message)s::text,
-        updated_at = clock.now
-    FROM claimed, clock
+        updated_at = claimed.heartbeat_at
+    FROM claimed
     -- The claimed id as a scalar: an index lookup of the run's open attempt, never a walk
     -- over every open attempt (the planner thinks a 1-row CTE makes either one cheap).
     WHERE a.run_id = (SELECT id FROM claimed) AND a.finished_at IS NULL
@@ -49,9 +52,10 @@ opened AS (
     SELECT claimed.id, previous.attempt_no + 1, claimed.worker_id,
            -- now() is the transaction's start: never let an attempt start before the one
            -- it follows finished (a release may commit between our BEGIN and our lock).
-           greatest(clock.now, previous.finished_at),
-           claimed.heartbeat_at, claimed.lease_expires_at, clock.now, clock.now
-    FROM claimed, clock,
+           greatest(claimed.heartbeat_at, previous.finished_at),
+           claimed.heartbeat_at, claimed.lease_expires_at, claimed.heartbeat_at,
+           claimed.heartbeat_at
+    FROM claimed,
          LATERAL (SELECT coalesce(max(a.attempt_no), 0) AS attempt_no,
                          max(a.finished_at) AS finished_at
                   FROM agent_run_attempts a

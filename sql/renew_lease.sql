@@ -2,20 +2,18 @@
 -- live (lease_expires_at > now) moves the run's and its open attempt's heartbeat and lease
 -- forward. Otherwise nothing is written. Touches no indexed column, so both updates can be HOT.
 -- Returns the run's status when renewed (so a cancel request is seen), no row otherwise.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now
-),
-renewed AS (
+-- now = coalesce(%(now)s, now()): the given clock, else the transaction's.
+WITH renewed AS (
     UPDATE agent_runs r
-    SET heartbeat_at = clock.now,
-        lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s::float8),
-        updated_at = clock.now
-    FROM clock
+    SET heartbeat_at = coalesce(%(now)s::timestamptz, now()),
+        lease_expires_at = coalesce(%(now)s::timestamptz, now())
+                           + make_interval(secs => %(lease_seconds)s::float8),
+        updated_at = coalesce(%(now)s::timestamptz, now())
     WHERE r.id = %(run_id)s
       AND r.worker_id = %(worker_id)s::text
       AND r.status IN ('running', 'cancel_requested')
-      AND r.lease_expires_at > clock.now
-    RETURNING r.id, r.status, r.worker_id, r.heartbeat_at, r.lease_expires_at
+      AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+    RETURNING r.status, r.heartbeat_at, r.lease_expires_at
 ),
 attempt AS (
     UPDATE agent_run_attempts a
@@ -24,8 +22,7 @@ attempt AS (
         updated_at = renewed.heartbeat_at
     FROM renewed
     -- By the run_id parameter: an index lookup of the one open attempt.
-    WHERE a.run_id = %(run_id)s AND a.run_id = renewed.id AND a.finished_at IS NULL
-      AND a.worker_id = renewed.worker_id
+    WHERE a.run_id = %(run_id)s AND a.finished_at IS NULL AND a.worker_id = %(worker_id)s::text
     RETURNING a.id
 )
 SELECT status FROM renewed

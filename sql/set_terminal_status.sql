@@ -5,51 +5,52 @@
 -- On a real transition: status, error fields, finished_at, lease cleared, and the owner's open
 -- attempt finishes with outcome = status and the same error classification. Otherwise nothing
 -- is written. Returns no row for a missing run, else `changed` and the run as it is now.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now
-),
-locked AS (
-    SELECT r.*, r.worker_id AS owner
-    FROM agent_runs r
-    WHERE r.id = %(run_id)s
-    FOR UPDATE
-),
-finished AS (
+-- The guarded UPDATE takes the run row lock (and re-checks its guard on the locked row); only
+-- when it refuses is the row read, locked FOR UPDATE, for the unchanged answer.
+-- now = coalesce(%(now)s, now()): the given clock, else the transaction's.
+WITH finished AS (
     UPDATE agent_runs r
     SET status = %(status)s::text,
         error_type = %(error_type)s::text,
         error_message = %(error_message)s::text,
-        finished_at = clock.now,
+        finished_at = coalesce(%(now)s::timestamptz, now()),
         worker_id = NULL,
         heartbeat_at = NULL,
         lease_expires_at = NULL,
-        updated_at = clock.now
-    FROM locked, clock
-    WHERE r.id = locked.id
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    WHERE r.id = %(run_id)s
       AND (
-          (locked.status = 'pending'
+          (r.status = 'pending'
            AND %(worker_id)s::text IS NULL
            AND %(status)s::text IN ('failed', 'cancelled'))
           OR
-          (locked.status IN ('running', 'cancel_requested')
-           AND locked.worker_id = %(worker_id)s::text
-           AND locked.lease_expires_at > clock.now
-           AND (locked.status = 'cancel_requested') = (%(status)s::text = 'cancelled'))
+          (r.status IN ('running', 'cancel_requested')
+           AND r.worker_id = %(worker_id)s::text
+           AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+           AND (r.status = 'cancel_requested') = (%(status)s::text = 'cancelled'))
       )
-    RETURNING r.*, locked.owner
+    RETURNING r.*
 ),
 attempt AS (
+    -- The owner's open attempt: the owner is the worker_id the guard matched (a pending run
+    -- is finished only with no worker_id, so it finishes no attempt).
     UPDATE agent_run_attempts a
-    SET finished_at = clock.now,
+    SET finished_at = finished.finished_at,
         outcome = %(status)s::text,
         error_type = %(error_type)s::text,
         error_message = %(error_message)s::text,
-        updated_at = clock.now
-    FROM finished, clock
-    WHERE a.run_id = %(run_id)s AND a.run_id = finished.id AND a.finished_at IS NULL
-      AND a.worker_id = finished.owner
+        updated_at = finished.finished_at
+    FROM finished
+    WHERE a.run_id = %(run_id)s AND a.finished_at IS NULL
+      AND a.worker_id = %(worker_id)s::text
     RETURNING a.id
+),
+refused AS (
+    SELECT r.*
+    FROM agent_runs r
+    WHERE r.id = %(run_id)s AND NOT EXISTS (SELECT FROM finished)
+    FOR UPDATE
 )
 SELECT true AS changed, finished.* FROM finished
 UNION ALL
-SELECT false AS changed, locked.* FROM locked WHERE NOT EXISTS (SELECT FROM finished)
+SELECT false AS changed, refused.* FROM refused

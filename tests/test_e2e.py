@@ -274,7 +274,8 @@ def test_sigterm_with_an_agent_that_ignores_it_still_exits_0_after_one_lease(
     worker = spawn.worker("--agent", "tests.test_e2e:deaf_agent")
     wait_for(repo, run.id, lambda r: r.status == RunStatus.RUNNING, procs=(worker,))
     assert stop(worker) == 0
-    assert "ignored the stop request" in worker.output()
+    output = worker.output()
+    assert "ignored the stop request" in output, output
     reconciler = spawn.reconciler()  # the abandoned run converges like a crash
     ended = wait_for(repo, run.id, terminal, procs=(worker, reconciler))
     assert (ended.status, ended.error_type) == (RunStatus.FAILED, "worker_lease_expired")
