@@ -36,6 +36,9 @@ log = logging.getLogger("agent_runs.worker")
 # (PoolTimeout and TooManyRequests are OperationalErrors; PoolClosed is handled apart.)
 DB_ERRORS: Final = (psycopg.OperationalError, psycopg.InterfaceError)
 
+# How long a checkout waits for the pool before connecting directly (see `connection`).
+POOL_WAIT_SECONDS: Final = 0.5
+
 # Owner tokens are `f"{name}:{uuid4().hex}"` and worker_id is at most 128 characters.
 MAX_NAME_LENGTH: Final = 128 - 33
 
@@ -49,7 +52,8 @@ def connection(pool: ConnectionPool, *, timeout: float) -> Iterator[psycopg.Conn
     would expire meanwhile. A direct connection answers as soon as the server does.
     """
     try:
-        conn = pool.getconn(timeout=timeout)
+        # A healthy pool answers at once; waiting longer only waits out its back-off.
+        conn = pool.getconn(timeout=min(timeout, POOL_WAIT_SECONDS))
     except PoolTimeout:
         conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
         kwargs = (pool.kwargs() if callable(pool.kwargs) else pool.kwargs) or {}
@@ -198,9 +202,11 @@ class HeartbeatService:
                     batch[lease.run_id] = lease
         if not batch:
             return True
-        sent_at = time.monotonic()
         try:
             with connection(self._pool, timeout=self._timeout) as conn:
+                # After the checkout (which may wait out an outage), before the renewal is
+                # sent: the renewed lease cannot start earlier in the database.
+                sent_at = time.monotonic()
                 renewed = AgentRunRepository(conn).renew_leases(
                     {run_id: lease.worker_id for run_id, lease in batch.items()},
                     lease_seconds=self._lease_seconds,
@@ -452,13 +458,18 @@ class Worker:
         if self.stopping:
             return None
         token = self.new_owner_token()
-        claimed_at = time.monotonic()  # before the lease starts in the database: conservative
+        claimed_at: float | None = None
         try:
             with self.repository() as repo:
+                # Taken after the checkout (which may wait out an outage) and before the claim
+                # is sent: the lease cannot start earlier in the database. Conservative.
+                claimed_at = time.monotonic()
                 run = repo.claim_next(
                     worker_id=token, lease_seconds=self.lease_seconds, agent_slugs=self.agent_slugs
                 )
         except DB_ERRORS:
+            if claimed_at is None:  # no connection: the claim was never sent
+                raise
             # The claim may have committed although its reply was lost: find it by our token
             # while its lease can still be live, rather than leave it to expire unexecuted.
             run = self._find_claim_in_doubt(token, deadline=claimed_at + self.lease_seconds)

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=_count, default=300, help="scripted runs (default 300)")
     p.add_argument("--workers", type=_count, default=4, help="worker processes (default 4)")
     p.add_argument("--concurrency", type=_count, default=2, help="threads per worker (default 2)")
-    p.add_argument("--lease-seconds", type=_positive_float, default=3.0, help="default 3")
+    p.add_argument("--lease-seconds", type=_positive_float, default=4.0, help="default 4")
     p.add_argument("--heartbeat-seconds", type=_positive_float, default=None, help="lease / 3")
     p.add_argument("--max-tries", type=_count, default=3, help="default 3")
     p.add_argument("--poll-seconds", type=_positive_float, default=0.25, help="default 0.25")
