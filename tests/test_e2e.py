@@ -273,6 +273,11 @@ def test_sigterm_with_an_agent_that_ignores_it_still_exits_0_after_one_lease(
     run = enqueue(["ok"])
     worker = spawn.worker("--agent", "tests.test_e2e:deaf_agent")
     wait_for(repo, run.id, lambda r: r.status == RunStatus.RUNNING, procs=(worker,))
+    # RUNNING is set by the claim; a SIGTERM before the agent starts releases the run instead.
+    deadline = time.monotonic() + TIMEOUT
+    while "started (agent slug" not in worker.output():
+        assert time.monotonic() < deadline, worker.output()
+        time.sleep(0.05)
     assert stop(worker) == 0
     output = worker.output()
     assert "ignored the stop request" in output, output
