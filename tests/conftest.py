@@ -541,3 +541,16 @@ def wait_for_lock_waiters(
 def t0() -> datetime:
     """A timezone-aware starting instant; tests move time with `now=t0 + timedelta(...)`."""
     return datetime.now(UTC).replace(microsecond=0)
+
+
+def new_run(repo: AgentRunRepository, **kwargs: Any) -> AgentRun:
+    """A pending run created through the repository, with unique ids unless given."""
+    key = uuid.uuid4().hex[:12]
+    values: dict[str, Any] = {
+        "thread_id": f"thread-{key}",
+        "agent_slug": "agent",
+        "uid": "user",
+        "request_id": f"req-{key}",
+    }
+    values.update(kwargs)
+    return repo.create_run(**values)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import secrets
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -14,8 +13,8 @@ from typing import Any, TypeVar
 import psycopg
 
 import agent_runs
-from agent_runs import AgentRun, AgentRunRepository, RunStatus, ThreadBusy
-from tests.conftest import read_state, row_counts, wait_for_lock_waiters
+from agent_runs import AgentRunRepository, RunStatus, ThreadBusy
+from tests.conftest import new_run, read_state, row_counts, wait_for_lock_waiters
 
 Conn = psycopg.Connection[Any]
 T = TypeVar("T")
@@ -50,24 +49,12 @@ def race(dsn: str, count: int, body: Callable[[AgentRunRepository, int], T]) -> 
         return [future.result(timeout=TIMEOUT) for future in futures]
 
 
-def create_run(repo: AgentRunRepository, **kwargs: Any) -> AgentRun:
-    key = uuid.uuid4().hex[:12]
-    values: dict[str, Any] = {
-        "thread_id": f"thread-{key}",
-        "agent_slug": "agent",
-        "uid": "user",
-        "request_id": f"req-{key}",
-    }
-    values.update(kwargs)
-    return repo.create_run(**values)
-
-
 def test_racing_mark_running_on_one_run_yields_exactly_one_owner_and_one_attempt(
     dsn: str, repo: AgentRunRepository, observer: Conn, t0: datetime
 ) -> None:
     """Every racer is queued on the row lock before it is released: a real, maximal race."""
     racers = 8
-    run = create_run(repo)
+    run = new_run(repo)
     with observer.transaction():
         observer.execute("SELECT 1 FROM agent_runs WHERE id = %s FOR UPDATE", (run.id,))
         pool, futures = start_racers(
@@ -91,7 +78,7 @@ def test_racing_mark_running_on_one_run_yields_exactly_one_owner_and_one_attempt
 def test_racing_mark_running_without_a_gate_also_yields_one_owner(
     dsn: str, repo: AgentRunRepository, observer: Conn, t0: datetime
 ) -> None:
-    runs = [create_run(repo) for _ in range(10)]
+    runs = [new_run(repo) for _ in range(10)]
 
     def body(r: AgentRunRepository, i: int) -> list[bool]:
         return [
@@ -111,7 +98,7 @@ def test_racing_claim_next_never_hands_one_run_to_two_workers(
     dsn: str, repo: AgentRunRepository, observer: Conn, t0: datetime
 ) -> None:
     run_count, workers = 40, 6
-    created = {create_run(repo).id for _ in range(run_count)}
+    created = {new_run(repo).id for _ in range(run_count)}
 
     def drain(r: AgentRunRepository, i: int) -> list[str]:
         mine = []
@@ -139,7 +126,7 @@ def test_racing_claims_after_retry_releases_number_attempts_without_gaps(
     dsn: str, repo: AgentRunRepository, observer: Conn, t0: datetime
 ) -> None:
     """Claim, release, claim again from many threads: attempt numbers stay 1..n, one open."""
-    runs = {create_run(repo).id for _ in range(5)}
+    runs = {new_run(repo).id for _ in range(5)}
     rounds = 6
 
     def churn(r: AgentRunRepository, i: int) -> int:
@@ -168,10 +155,10 @@ def test_two_concurrent_reconcilers_fail_each_expired_run_exactly_once(
 ) -> None:
     expired = set()
     for i in range(60):
-        run = create_run(repo)
+        run = new_run(repo)
         repo.mark_running(run.id, worker_id=f"w-{i}", lease_seconds=LEASE, now=t0)
         expired.add(run.id)
-    live = create_run(repo)
+    live = new_run(repo)
     repo.mark_running(live.id, worker_id="live", lease_seconds=LEASE, now=at(t0, 100))
     now = at(t0, 110)
 
@@ -198,8 +185,8 @@ def test_a_reconciler_skips_a_run_locked_by_its_owner_mid_transition(
     conn: Conn, repo: AgentRunRepository, observer: Conn, dsn: str, t0: datetime
 ) -> None:
     """The owner finishing at the last moment is never waited for nor overwritten."""
-    run = create_run(repo)
-    other = create_run(repo)
+    run = new_run(repo)
+    other = new_run(repo)
     repo.mark_running(run.id, worker_id="owner", lease_seconds=LEASE, now=t0)
     repo.mark_running(other.id, worker_id="other", lease_seconds=LEASE, now=t0)
     with conn.transaction():
@@ -220,7 +207,7 @@ def test_a_reconciler_skips_a_run_locked_by_its_owner_mid_transition(
 def test_a_reconciler_converges_a_run_once_another_transaction_releases_it(
     dsn: str, repo: AgentRunRepository, observer: Conn, t0: datetime
 ) -> None:
-    run = create_run(repo)
+    run = new_run(repo)
     repo.mark_running(run.id, worker_id="owner", lease_seconds=LEASE, now=t0)
     with observer.transaction():
         observer.execute("SELECT 1 FROM agent_runs WHERE id = %s FOR UPDATE", (run.id,))
@@ -236,7 +223,7 @@ def test_a_durable_cancel_committed_first_wins_over_a_waiting_completion(
     dsn: str, conn: Conn, repo: AgentRunRepository, observer: Conn, t0: datetime
 ) -> None:
     """The completion waits on the row lock, then re-checks the status it finds: refused."""
-    run = create_run(repo)
+    run = new_run(repo)
     repo.mark_running(run.id, worker_id="owner", lease_seconds=LEASE, now=t0)
     with conn.transaction():
         requested = repo.request_cancel(run.id, now=at(t0, 1))
@@ -263,7 +250,7 @@ def test_a_durable_cancel_committed_first_wins_over_a_waiting_completion(
 def test_a_completion_committed_first_leaves_a_waiting_cancel_nothing_to_do(
     dsn: str, conn: Conn, repo: AgentRunRepository, observer: Conn, t0: datetime
 ) -> None:
-    run = create_run(repo)
+    run = new_run(repo)
     repo.mark_running(run.id, worker_id="owner", lease_seconds=LEASE, now=t0)
     with conn.transaction():
         assert repo.set_terminal_status(
@@ -282,7 +269,7 @@ def test_a_completion_committed_first_leaves_a_waiting_cancel_nothing_to_do(
 def test_a_renewal_waiting_behind_the_reconciler_is_refused(
     dsn: str, conn: Conn, repo: AgentRunRepository, observer: Conn, t0: datetime
 ) -> None:
-    run = create_run(repo)
+    run = new_run(repo)
     repo.mark_running(run.id, worker_id="owner", lease_seconds=LEASE, now=t0)
     with conn.transaction():
         [converged] = repo.reconcile_expired_leases(now=at(t0, LEASE + 1))
@@ -358,7 +345,7 @@ def test_concurrent_creates_on_one_thread_make_one_run_and_thread_busy_for_the_r
 def test_racing_claim_next_and_mark_running_on_one_run_yield_one_owner(
     dsn: str, repo: AgentRunRepository, observer: Conn, t0: datetime
 ) -> None:
-    run = create_run(repo)
+    run = new_run(repo)
 
     def take(r: AgentRunRepository, i: int) -> bool:
         if i % 2:

@@ -24,7 +24,7 @@ from agent_runs import (
     Transition,
     manifest_fingerprint,
 )
-from tests.conftest import AttemptFactory, RunFactory, State, read_state, row_counts
+from tests.conftest import AttemptFactory, RunFactory, State, new_run, read_state, row_counts
 
 Conn = psycopg.Connection[Any]
 
@@ -37,18 +37,6 @@ LOST = "worker_lease_expired"
 
 def at(t0: datetime, seconds: float) -> datetime:
     return t0 + timedelta(seconds=seconds)
-
-
-def new_run(repo: AgentRunRepository, **kwargs: Any) -> AgentRun:
-    key = uuid.uuid4().hex[:12]
-    values: dict[str, Any] = {
-        "thread_id": f"thread-{key}",
-        "agent_slug": "agent",
-        "uid": "user",
-        "request_id": f"req-{key}",
-    }
-    values.update(kwargs)
-    return repo.create_run(**values)
 
 
 def running_run(repo: AgentRunRepository, t0: datetime, worker_id: str = OWNER) -> AgentRun:
