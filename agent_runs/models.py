@@ -65,7 +65,8 @@ class AgentRun:
     updated_at: datetime
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "status", RunStatus(self.status))
+        if type(self.status) is not RunStatus:
+            object.__setattr__(self, "status", RunStatus(self.status))
 
     @property
     def is_terminal(self) -> bool:

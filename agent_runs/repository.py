@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import re
 import threading
 import uuid
-import weakref
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import fields
 from datetime import UTC, datetime
-from functools import cache, lru_cache
 from typing import Any, Final, LiteralString
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.pq import PipelineStatus, TransactionStatus
-from psycopg.pq.abc import PGconn
 from psycopg.types.json import Jsonb
 
 from agent_runs import validation as check
@@ -30,6 +24,7 @@ from agent_runs.errors import (
 )
 from agent_runs.models import AgentRun, Claim, RunAttempt, RunStatus, Transition
 from agent_runs.sql import query
+from agent_runs.transport import Channel, Row, rows_of, shape, statement
 
 LEASE_EXPIRED_MESSAGE: Final = (
     "the worker's lease expired before it reported a result: the outcome is unknown. Under "
@@ -61,102 +56,8 @@ _RUN_TIMESTAMPS: Final = tuple(i for i, n in enumerate(_RUN_FIELDS) if n in _TIM
 _ATTEMPT_TIMESTAMPS: Final = tuple(i for i, n in enumerate(_ATTEMPT_FIELDS) if n in _TIMESTAMPS)
 
 
-_PLACEHOLDER: Final = re.compile(r"%\((\w+)\)s")
-
-
-@dataclass(frozen=True, slots=True)
-class _Statement:
-    """sql/<name>.sql as a server-side prepared statement, run in one protocol message."""
-
-    name: LiteralString  # the prepared statement's name on the server
-    prepare: LiteralString  # PREPARE <name> AS <the file's SQL, %(param)s -> $n>
-    transaction: LiteralString  # BEGIN; EXECUTE <name>(%s, ...); COMMIT
-    params: tuple[str, ...]  # parameter names, in $n order
-
-
-@cache
-def _statement(name: str) -> _Statement:
-    text = query(name)
-    params: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        if match.group(1) not in params:
-            params.append(match.group(1))
-        return f"${params.index(match.group(1)) + 1}"
-
-    body = _PLACEHOLDER.sub(number, text)
-    server_name = f"agent_runs_{name}"
-    args = ", ".join(["%s"] * len(params))
-    # Derived only from the shipped .sql file and its fixed name: literal SQL, never input.
-    return _Statement(
-        name=server_name,
-        prepare=f"PREPARE {server_name} AS\n{body}",
-        transaction=f"BEGIN; EXECUTE {server_name}({args}); COMMIT",
-        params=tuple(params),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class _Shape:
-    """Where each column of a result is, and where the model fields are among them."""
-
-    index: Mapping[str, int]
-    run: tuple[int, ...] | None  # positions of AgentRun's fields, if the row carries a run
-    attempt: tuple[int, ...] | None  # positions of RunAttempt's fields, likewise
-
-
-@lru_cache(maxsize=128)
-def _shape(names: tuple[str, ...]) -> _Shape:
-    index: dict[str, int] = {}
-    for position, name in enumerate(names):
-        index.setdefault(name, position)
-
-    def positions(wanted: tuple[str, ...]) -> tuple[int, ...] | None:
-        return tuple(index[n] for n in wanted) if all(n in index for n in wanted) else None
-
-    return _Shape(index=index, run=positions(_RUN_FIELDS), attempt=positions(_ATTEMPT_FIELDS))
-
-
-def _shape_of(cur: psycopg.Cursor[Any]) -> _Shape:
-    return _shape(tuple(column.name for column in cur.description or ()))
-
-
-class _Record:
-    """One result row: its values as a tuple, read by column name through the result's shape."""
-
-    __slots__ = ("shape", "values")
-
-    def __init__(self, shape: _Shape, values: Sequence[Any]) -> None:
-        self.shape = shape
-        self.values = values
-
-    def __getitem__(self, name: str) -> Any:
-        return self.values[self.shape.index[name]]
-
-
-def _records(shape: _Shape, rows: list[tuple[Any, ...]]) -> list[_Record]:
-    return [_Record(shape, row) for row in rows]
-
-
-@dataclass(slots=True)
-class _Session:
-    """One server session's prepared statements, and their result shapes once seen.
-
-    A prepared statement's result shape cannot change within its session (PostgreSQL refuses:
-    "cached plan must not change result type"), so a shape seen once stays right.
-    """
-
-    shapes: dict[str, _Shape | None] = field(default_factory=dict)
-
-
-# Keyed by the PGconn, which lives exactly as long as its server session. The values hold no
-# reference back to the connection, so a closed connection's entry goes away with it.
-_sessions: weakref.WeakKeyDictionary[PGconn, _Session] = weakref.WeakKeyDictionary()
-
-
-def _utc_values(record: _Record, positions: tuple[int, ...], stamps: tuple[int, ...]) -> list[Any]:
-    values = record.values
-    fields_ = [values[i] for i in positions]
+def _utc(fields_: list[Any], stamps: tuple[int, ...]) -> list[Any]:
+    """The timestamps among a model's fields as UTC (psycopg gives the session's time zone)."""
     for i in stamps:
         value = fields_[i]
         if value is not None and value.tzinfo is not UTC:
@@ -164,18 +65,18 @@ def _utc_values(record: _Record, positions: tuple[int, ...], stamps: tuple[int, 
     return fields_
 
 
-def _run(record: _Record) -> AgentRun:
-    positions = record.shape.run
-    if positions is None:  # pragma: no cover - every run statement returns the run's columns
+def _run(row: Row) -> AgentRun:
+    pick = row.shape.picker("run", _RUN_FIELDS)
+    if pick is None:  # pragma: no cover - every run statement returns the run's columns
         raise AssertionError("this result carries no run")
-    return AgentRun(*_utc_values(record, positions, _RUN_TIMESTAMPS))
+    return AgentRun(*_utc(list(pick(row.values)), _RUN_TIMESTAMPS))
 
 
-def _attempt(record: _Record) -> RunAttempt:
-    positions = record.shape.attempt
-    if positions is None:  # pragma: no cover - every attempt statement returns its columns
+def _attempt(row: Row) -> RunAttempt:
+    pick = row.shape.picker("attempt", _ATTEMPT_FIELDS)
+    if pick is None:  # pragma: no cover - every attempt statement returns its columns
         raise AssertionError("this result carries no attempt")
-    return RunAttempt(*_utc_values(record, positions, _ATTEMPT_TIMESTAMPS))
+    return RunAttempt(*_utc(list(pick(row.values)), _ATTEMPT_TIMESTAMPS))
 
 
 class AgentRunRepository:
@@ -183,83 +84,37 @@ class AgentRunRepository:
 
     Every method runs in its own explicit transaction, which becomes a savepoint inside a
     transaction the caller already has open. Each transition locks the run row first and
-    changes the run and its attempt in that one transaction (one statement, one round trip).
+    changes the run and its attempt in that one transaction (one statement, one round trip:
+    see agent_runs.transport).
     """
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
-        # One client-side cursor per thread: reused, it keeps its adapters cached.
+        # Each thread's Channel to the connection: its adapters, reused across calls.
         self._local = threading.local()
 
     # -- plumbing --------------------------------------------------------------------------
 
-    def _execute(self, name: LiteralString, params: Mapping[str, Any]) -> list[_Record]:
-        """Run sql/<name>.sql in an explicit transaction and return its rows."""
-        conn = self.conn
-        pgconn = conn.pgconn
-        if (
-            pgconn.transaction_status == TransactionStatus.IDLE
-            and pgconn.pipeline_status == PipelineStatus.OFF
-            and conn.autocommit
-        ):
-            stmt = _statement(name)
-            try:
-                return self._execute_in_one_message(stmt, params)
-            except pg_errors.InvalidSqlStatementName:
-                # The session lost the prepared statement (DISCARD ALL, or a pooler that moved
-                # us to another server session): run this call the classic way, prepare again
-                # on the next one.
-                session = _sessions.get(pgconn)
-                if session is not None:
-                    session.shapes.pop(stmt.name, None)
+    def _execute(self, name: LiteralString, params: Mapping[str, Any]) -> list[Row]:
+        """Run sql/<name>.sql in its own explicit transaction and return its rows."""
+        stmt = statement(name)
+        rows = self._channel().execute(stmt, [params[param] for param in stmt.params])
+        if rows is not None:
+            return rows
         # Inside the caller's transaction this is a savepoint around the statement.
-        with conn.transaction():
-            cur = conn.cursor()
+        with self.conn.transaction():
+            cur = self.conn.cursor()
             cur.execute(query(name), params, prepare=True)
-            return _records(_shape_of(cur), cur.fetchall())
+            return rows_of(cur)
 
-    def _execute_in_one_message(self, stmt: _Statement, params: Mapping[str, Any]) -> list[_Record]:
-        """BEGIN; EXECUTE <prepared statement>; COMMIT, sent as one simple-protocol message.
+    def _channel(self) -> Channel:
+        local = self._local
+        channel: Channel | None = getattr(local, "channel", None)
+        if channel is None or channel.conn is not self.conn:
+            channel = local.channel = Channel(self.conn)
+        return channel
 
-        One round trip and one packet each way (psycopg's pipeline mode sends BEGIN, the
-        statement, COMMIT, Sync and Flush as separate writes). The statement is prepared once
-        per server session; its arguments are quoted by psycopg's client-side binding
-        (ClientCursor), so values stay data. Rows come back as tuples, read by column name
-        through the statement's result shape (computed once per session).
-        """
-        conn = self.conn
-        session = _sessions.get(conn.pgconn)
-        if session is None:
-            session = _sessions.setdefault(conn.pgconn, _Session())
-        shapes = session.shapes
-        if stmt.name not in shapes:
-            # Another thread sharing this connection may have prepared it first.
-            with contextlib.suppress(pg_errors.DuplicatePreparedStatement):
-                conn.execute(stmt.prepare)
-            shapes.setdefault(stmt.name, None)
-        cur: psycopg.ClientCursor[tuple[Any, ...]] | None = getattr(self._local, "cursor", None)
-        if cur is None or cur.connection is not conn or cur.closed:
-            cur = self._local.cursor = psycopg.ClientCursor(conn)
-        try:
-            cur.execute(stmt.transaction, [params[name] for name in stmt.params])
-        except BaseException:
-            self._rollback_failed()
-            raise
-        cur.nextset()  # from BEGIN's result to the statement's
-        shape = shapes.get(stmt.name)
-        if shape is None:
-            shape = shapes[stmt.name] = _shape_of(cur)
-        return _records(shape, cur.fetchall())
-
-    def _rollback_failed(self) -> None:
-        """End the transaction a failed one-message transition left open (its COMMIT never ran)."""
-        conn = self.conn
-        if not conn.closed and conn.pgconn.transaction_status != TransactionStatus.IDLE:
-            # Leave the connection idle again; the original error is the one to report.
-            with contextlib.suppress(psycopg.Error):
-                conn.execute("ROLLBACK")
-
-    def _claim(self, name: LiteralString, params: Mapping[str, Any]) -> list[_Record]:
+    def _claim(self, name: LiteralString, params: Mapping[str, Any]) -> list[Row]:
         for tries_left in range(_CLAIM_TRIES - 1, -1, -1):
             try:
                 return self._execute(name, params)
@@ -306,7 +161,7 @@ class AgentRunRepository:
                     row = cur.execute(query("get_run_by_request_id"), params).fetchone()
                 if row is None:  # pragma: no cover - the other run was deleted in between
                     raise InvalidArgument(f"request_id {request_id!r} is being reused; retry")
-                return _run(_Record(_shape_of(cur), row))
+                return _run(Row(shape(tuple(c.name for c in cur.description or ())), row))
         except pg_errors.UniqueViolation as exc:
             # A concurrent create with the same request_id can trip the thread index before
             # ON CONFLICT sees the request_id: idempotency is checked first, so look again.
@@ -499,7 +354,7 @@ class AgentRunRepository:
                 return []
             run_ids = [run_id for (run_id,) in locked]
             cur.execute(query("reconcile_expired_leases"), {**params, "run_ids": run_ids})
-            return [_run(record) for record in _records(_shape_of(cur), cur.fetchall())]
+            return [_run(row) for row in rows_of(cur)]
 
     def record_run_manifest(
         self,

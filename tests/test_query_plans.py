@@ -18,7 +18,8 @@ import psycopg
 import pytest
 
 import agent_runs
-from agent_runs.repository import LEASE_EXPIRED_MESSAGE, _statement
+from agent_runs.repository import LEASE_EXPIRED_MESSAGE
+from agent_runs.transport import statement
 
 Conn = psycopg.Connection[Any]
 Node = dict[str, Any]
@@ -76,7 +77,7 @@ def seeded(dsn: str) -> Iterator[Conn]:
 
 def _plan(conn: Conn, name: str, params: Mapping[str, Any], mode: str) -> Node:
     """EXPLAIN the statement the repository prepares for sql/<name>.sql, as it would run."""
-    stmt = _statement(name)
+    stmt = statement(name)
     args = [params[param] for param in stmt.params]
     placeholders = ", ".join(["%s"] * len(args))
     with conn.transaction(force_rollback=True):
