@@ -13,6 +13,8 @@ from typing import Any, Final, LiteralString
 
 import psycopg
 
+from agent_runs.transport import Channel, Statement
+
 # Parameters: worker_id, lease_seconds, worker_id. The oldest pending run, read in
 # ix_agent_runs_claimable order (status = 'pending' implies the index predicate), locked with
 # SKIP LOCKED; its attempt (max + 1) opens in the same statement.
@@ -116,31 +118,33 @@ def _numbered(sql: LiteralString) -> str:
 
 
 class FloorInTransactionClient:
-    """A diagnostic, not the floor: the floor's statements, each in an explicit transaction.
+    """A diagnostic, not the floor: the floor's statements through the repository's transport.
 
-    BEGIN; EXECUTE <the floor statement>; COMMIT in one simple-protocol message: the transport
-    the repository uses. Its ratio to the floor is what an explicit transaction per transition
-    (SPEC 3) costs by itself; what remains between it and the repository is the repository's
-    own work (its rules, its full rows, its Python).
+    Each statement in its own BEGIN … COMMIT, one round trip (agent_runs.transport.Channel):
+    its ratio to the floor is what an explicit transaction per transition (SPEC 3) costs by
+    itself; what remains between it and the repository is the repository's own work (its
+    rules, its full rows, its Python).
     """
-
-    _STATEMENTS: Final = {"claim": CLAIM, "renew": RENEW, "complete": COMPLETE}
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         if not conn.autocommit:
             raise ValueError("the transaction wrapper needs an autocommit connection")
         self.conn = conn
-        for name, sql in self._STATEMENTS.items():
-            conn.execute(f"PREPARE floor_{name} AS {_numbered(sql)}")
-        self._cur = psycopg.ClientCursor(conn)
+        self._channel = Channel(conn)
+        self._statements = {
+            name: Statement(name=f"floor_{name}", sql=_numbered(sql), params=params)
+            for name, sql, params in (
+                ("claim", CLAIM, ("worker_id", "lease_seconds", "worker_id_again")),
+                ("renew", RENEW, ("lease_seconds", "run_id", "worker_id", "run_id_again")),
+                ("complete", COMPLETE, ("run_id", "worker_id", "run_id_again")),
+            )
+        }
 
     def _scalar(self, name: str, params: tuple[Any, ...]) -> Any:
-        marks = ", ".join(["%s"] * len(params))
-        cur = self._cur
-        cur.execute(f"BEGIN; EXECUTE floor_{name}({marks}); COMMIT", params)
-        cur.nextset()
-        row = cur.fetchone()
-        return None if row is None else row[0]
+        rows = self._channel.execute(self._statements[name], params)
+        if rows is None:
+            raise RuntimeError("the floor's connection is not free for its own transactions")
+        return rows[0].values[0] if rows else None
 
     def claim(self, worker_id: str, lease_seconds: float) -> str | None:
         run_id = self._scalar("claim", (worker_id, lease_seconds, worker_id))

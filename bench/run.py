@@ -25,8 +25,9 @@ from bench.workload import (
     THROUGHPUT_VARIANTS,
     TRANSITIONS,
     VARIANTS,
+    WARMUP_LIFECYCLES,
+    Crew,
     SegmentResult,
-    run_segment,
 )
 
 ENV_DSN: Final = "AGENT_RUNS_BENCH_DSN"
@@ -40,7 +41,8 @@ class Settings:
 
     quick: bool
     reps: int
-    seconds: float
+    seconds: float  # per variant, thread count and repetition
+    slices: int  # ... taken in this many turns, alternating with the other variants
     threads: tuple[int, ...]
     history: int
     heartbeat_threads: int
@@ -59,6 +61,7 @@ FULL: Final = Settings(
     quick=False,
     reps=3,
     seconds=4.0,
+    slices=8,
     threads=(1, 4, 16),
     history=10_000,
     heartbeat_threads=TARGET_THREADS,
@@ -78,6 +81,7 @@ QUICK: Final = replace(
     quick=True,
     reps=1,
     seconds=0.4,
+    slices=1,
     history=500,
     held_per_thread=10,
     heartbeat_rounds=3,
@@ -105,28 +109,44 @@ def load_average() -> list[float]:
 def throughput(
     url: str, settings: Settings, observer: psycopg.Connection[Any]
 ) -> list[SegmentResult]:
-    """Repository, floor (and the diagnostic) segments, interleaved; the order rotates."""
+    """Repository, floor (and the diagnostic), one repetition at a time, in alternating slices.
+
+    Each variant has its own crew of warm threads and connections for the whole phase. This
+    machine's speed drifts within seconds (disk flush latency, a neighbour's load), so each
+    variant's time is cut into short slices taken in turns, the order rotating: every variant
+    sees the same conditions, and a ratio compares like with like.
+    """
     segments: list[SegmentResult] = []
-    last_rate: dict[tuple[str, int], float] = {}
-    for rep in range(settings.reps):
-        shift = rep % len(THROUGHPUT_VARIANTS)
-        order = THROUGHPUT_VARIANTS[shift:] + THROUGHPUT_VARIANTS[:shift]
-        for threads in settings.threads:
-            for variant in order:
-                guess = last_rate.get((variant, threads), 2_500.0)
-                need = math.ceil(guess * settings.seconds * 1.5) + threads * 2 + 50
-                short = need - seed.count_pending(observer)
-                if short > 0:
-                    seed.seed_pending([observer], short)
-                result = run_segment(url, variant, threads, settings.seconds, observer)
-                last_rate[(variant, threads)] = max(result.per_second, 1.0)
-                if result.exhausted:
-                    log(f"  warning: {variant} at {threads} threads ran out of pending runs")
-                log(
-                    f"  rep {rep + 1}/{settings.reps}  {variant:<10} {threads:>2} threads: "
-                    f"{result.per_second:7.1f} lifecycles/s"
-                )
-                segments.append(result)
+    slice_seconds = settings.seconds / settings.slices
+    for threads in settings.threads:
+        seed.seed_pending([observer], threads * WARMUP_LIFECYCLES * len(THROUGHPUT_VARIANTS))
+        crews = {v: Crew(url, v, threads) for v in THROUGHPUT_VARIANTS}
+        last_rate: dict[str, float] = {}
+        try:
+            for rep in range(settings.reps):
+                parts: dict[str, list[SegmentResult]] = {v: [] for v in THROUGHPUT_VARIANTS}
+                for turn in range(settings.slices):
+                    shift = (rep * settings.slices + turn) % len(THROUGHPUT_VARIANTS)
+                    for variant in THROUGHPUT_VARIANTS[shift:] + THROUGHPUT_VARIANTS[:shift]:
+                        guess = last_rate.get(variant, 2_500.0)
+                        need = math.ceil(guess * slice_seconds * 1.5) + threads * 2 + 50
+                        short = need - seed.count_pending(observer)
+                        if short > 0:
+                            seed.seed_pending([observer], short)
+                        part = crews[variant].run(slice_seconds, observer)
+                        last_rate[variant] = max(part.per_second, 1.0)
+                        parts[variant].append(part)
+                rates = []
+                for variant in THROUGHPUT_VARIANTS:
+                    result = SegmentResult.combined(parts[variant])
+                    if result.exhausted:
+                        log(f"  warning: {variant} at {threads} threads ran out of pending runs")
+                    rates.append(f"{variant} {result.per_second:7.1f}")
+                    segments.append(result)
+                log(f"  rep {rep + 1}/{settings.reps} {threads:>2} threads: {', '.join(rates)} /s")
+        finally:
+            for crew in crews.values():
+                crew.close()
     return segments
 
 
@@ -196,8 +216,9 @@ def run(server: BenchServer, settings: Settings) -> dict[str, Any]:
         log("counted protocol messages per transition (libpq trace)")
 
         log(
-            f"throughput: {settings.reps} interleaved repetitions × {settings.seconds:g} s "
-            f"at {', '.join(map(str, settings.threads))} threads"
+            f"throughput: {settings.reps} repetitions × {settings.seconds:g} s per variant in "
+            f"{settings.slices} alternating slices, at {', '.join(map(str, settings.threads))} "
+            "threads"
         )
         segments = throughput(url, settings, observer)
         results["throughput"] = summarize_throughput(segments, settings)
@@ -317,9 +338,9 @@ def render(payload: dict[str, Any]) -> str:
         + ("  [QUICK: smoke sizes, not a measurement]" if s["quick"] else "")
     )
     out.append(
-        f"history: {s['history']:,} finished runs with attempts; {s['reps']} interleaved "
-        f"repetitions × {s['seconds']:g} s; load average before {env['load_before']}, "
-        f"after {env['load_after']}"
+        f"history: {s['history']:,} finished runs with attempts; {s['reps']} repetitions × "
+        f"{s['seconds']:g} s per variant in {s.get('slices', 1)} alternating slices; load "
+        f"average before {env['load_before']}, after {env['load_after']}"
     )
 
     out.append("\nLifecycles/s (claim_next → 3 × renew_lease → set_terminal_status), medians")
@@ -354,8 +375,8 @@ def render(payload: dict[str, Any]) -> str:
         )
     )
     out.append(
-        "  * diagnostic: the floor's own statements, each in BEGIN … COMMIT sent as one message"
-        " (the repository's transport): what the explicit transaction of SPEC 3 costs alone"
+        "  * diagnostic: the floor's own statements, each in its BEGIN … COMMIT over the"
+        " repository's transport: what the explicit transaction of SPEC 3 costs alone"
     )
 
     out.append("\nLatency per transition, ms (all repetitions pooled)")

@@ -6,6 +6,7 @@ hand-minimal statements. Each benchmark thread owns one autocommit connection.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -25,6 +26,7 @@ TRANSITIONS: Final = ("claim", "renew", "complete")
 VARIANTS: Final = ("repository", "floor")
 # Throughput also runs a diagnostic: the floor's statements in explicit transactions.
 THROUGHPUT_VARIANTS: Final = ("repository", "floor", "floor_tx")
+WARMUP_LIFECYCLES: Final = 5  # per thread of a crew, before anything is measured
 
 
 class LifecycleClient(Protocol):
@@ -62,7 +64,7 @@ class RepositoryClient:
 
 class FloorLifecycleClient:
     """The floor's single prepared autocommit statements (or, with in_transaction, the same
-    statements each in BEGIN … COMMIT sent as one message: a diagnostic)."""
+    statements each in BEGIN … COMMIT over the repository's transport: a diagnostic)."""
 
     def __init__(self, conn: psycopg.Connection[Any], *, in_transaction: bool = False) -> None:
         self.conn = conn
@@ -153,6 +155,22 @@ class SegmentResult:
     exhausted: bool
     latencies: Latencies
 
+    @classmethod
+    def combined(cls, parts: list[SegmentResult]) -> SegmentResult:
+        """Slices of one variant at one concurrency, measured in turns with the others, as one."""
+        latencies = Latencies()
+        for part in parts:
+            latencies.extend(part.latencies)
+        return cls(
+            variant=parts[0].variant,
+            threads=parts[0].threads,
+            lifecycles=sum(p.lifecycles for p in parts),
+            seconds=sum(p.seconds for p in parts),
+            wal_bytes=sum(p.wal_bytes for p in parts),
+            exhausted=any(p.exhausted for p in parts),
+            latencies=latencies,
+        )
+
     @property
     def per_second(self) -> float:
         return self.lifecycles / self.seconds if self.seconds > 0 else 0.0
@@ -162,77 +180,96 @@ class SegmentResult:
         return self.wal_bytes / self.lifecycles if self.lifecycles else 0.0
 
 
-def run_segment(
-    url: str,
-    variant: str,
-    threads: int,
-    seconds: float,
-    observer: psycopg.Connection[Any],
-    *,
-    warmup_lifecycles: int = 2,
-) -> SegmentResult:
-    """`threads` threads run lifecycles of `variant` for `seconds`; count and time them."""
-    ready = threading.Barrier(threads + 1)
-    stop = threading.Event()
-    errors: list[BaseException] = []
-    counts = [0] * threads
-    per_thread = [Latencies() for _ in range(threads)]
-    ended = [0.0] * threads
-    exhausted = threading.Event()
+class Crew:
+    """`threads` threads of one variant, each with its own warm connection, run in slices.
 
-    def work(index: int) -> None:
+    The threads and their connections live across slices: a slice measures steady-state
+    lifecycles, never connection set-up, cold server caches or thread start-up. Between slices
+    the crew waits, so variants can take turns on the same server.
+    """
+
+    def __init__(self, url: str, variant: str, threads: int) -> None:
+        self.variant = variant
+        self.threads = threads
+        self._url = url
+        self._ready = threading.Barrier(threads + 1)
+        self._start = threading.Barrier(threads + 1)
+        self._end = threading.Barrier(threads + 1)
+        self._running = threading.Event()
+        self._closing = False
+        self._errors: list[BaseException] = []
+        self._exhausted = threading.Event()
+        self._counts = [0] * threads
+        self._latencies = [Latencies() for _ in range(threads)]
+        self._ended = [0.0] * threads
+        self._workers = [
+            threading.Thread(target=self._work, args=(i,), name=f"bench-{variant}-{i}", daemon=True)
+            for i in range(threads)
+        ]
+        for worker in self._workers:
+            worker.start()
+        self._sync(self._ready)  # connected and warmed up
+
+    def _sync(self, barrier: threading.Barrier) -> None:
         try:
-            with agent_runs.connect(url) as conn:
-                client = make_client(variant, conn)
-                for _ in range(warmup_lifecycles):  # prepares the statements, warms caches
-                    lifecycle(client, new_worker_id(variant, index))
-                ready.wait()
-                latencies = per_thread[index]
-                done = 0
-                while not stop.is_set():
-                    lifecycle(client, new_worker_id(variant, index), latencies)
-                    done += 1
-                counts[index] = done
-                ended[index] = time.perf_counter()
-        except BacklogExhausted:
-            exhausted.set()
-            counts[index] = len(per_thread[index].complete)
-            ended[index] = time.perf_counter()
-        except BaseException as exc:
-            errors.append(exc)
-            ready.abort()
-            ended[index] = time.perf_counter()
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            raise self._errors[0] if self._errors else RuntimeError("crew broke") from None
 
-    workers = [
-        threading.Thread(target=work, args=(i,), name=f"bench-{variant}-{i}", daemon=True)
-        for i in range(threads)
-    ]
-    for worker in workers:
-        worker.start()
-    try:
-        ready.wait()
-    except threading.BrokenBarrierError:
-        for worker in workers:
-            worker.join()
-        raise errors[0] from None
-    lsn = wal_lsn(observer)
-    started = time.perf_counter()
-    stop.wait(seconds)
-    stop.set()
-    for worker in workers:
-        worker.join()
-    if errors:
-        raise errors[0]
-    elapsed = max(ended) - started
-    latencies = Latencies()
-    for one in per_thread:
-        latencies.extend(one)
-    return SegmentResult(
-        variant=variant,
-        threads=threads,
-        lifecycles=sum(counts),
-        seconds=elapsed,
-        wal_bytes=wal_bytes_since(observer, lsn),
-        exhausted=exhausted.is_set(),
-        latencies=latencies,
-    )
+    def _work(self, index: int) -> None:
+        try:
+            with agent_runs.connect(self._url) as conn:
+                client = make_client(self.variant, conn)
+                for _ in range(WARMUP_LIFECYCLES):  # prepares statements, warms caches
+                    lifecycle(client, new_worker_id(self.variant, index))
+                self._ready.wait()
+                while True:
+                    self._start.wait()
+                    if self._closing:
+                        return
+                    done = 0
+                    latencies = Latencies()
+                    try:
+                        while self._running.is_set():
+                            lifecycle(client, new_worker_id(self.variant, index), latencies)
+                            done += 1
+                    except BacklogExhausted:
+                        self._exhausted.set()
+                    self._counts[index] = done
+                    self._latencies[index] = latencies
+                    self._ended[index] = time.perf_counter()
+                    self._end.wait()
+        except BaseException as exc:
+            self._errors.append(exc)
+            for barrier in (self._ready, self._start, self._end):
+                barrier.abort()
+
+    def run(self, seconds: float, observer: psycopg.Connection[Any]) -> SegmentResult:
+        """One slice: every thread runs lifecycles for `seconds`; count and time them."""
+        self._exhausted.clear()
+        self._running.set()
+        lsn = wal_lsn(observer)
+        self._sync(self._start)
+        started = time.perf_counter()
+        time.sleep(seconds)
+        self._running.clear()
+        self._sync(self._end)
+        latencies = Latencies()
+        for one in self._latencies:
+            latencies.extend(one)
+        return SegmentResult(
+            variant=self.variant,
+            threads=self.threads,
+            lifecycles=sum(self._counts),
+            seconds=max(self._ended) - started,
+            wal_bytes=wal_bytes_since(observer, lsn),
+            exhausted=self._exhausted.is_set(),
+            latencies=latencies,
+        )
+
+    def close(self) -> None:
+        self._closing = True
+        with contextlib.suppress(threading.BrokenBarrierError):
+            self._start.wait(timeout=30)
+        for worker in self._workers:
+            worker.join(timeout=30)
