@@ -302,9 +302,10 @@ def _exchange(conn: psycopg.Connection[Any]) -> list[PGresult]:
     """Flush the pipeline and read one result per command, up to the Sync.
 
     The server answers the whole pipeline at once, so after the first wait every result is
-    usually in libpq's buffer already: they are read straight from it. (psycopg's generic
-    readers would release and retake the GIL several times per result, which costs real time
-    when threads share the process.)
+    usually in libpq's buffer already, and is read straight from it. Each command's result is
+    followed by a NULL that libpq hands out without reading, so only a command's first result
+    needs the check that it is whole (which releases the GIL: when threads share the process,
+    every release can hand the GIL to another thread and back, so they are kept few).
     """
     pgconn = conn.pgconn
     conn.wait(generators.send(pgconn))
@@ -313,11 +314,13 @@ def _exchange(conn: psycopg.Connection[Any]) -> list[PGresult]:
         if pgconn.is_busy():
             conn.wait(_input(pgconn))
         result = pgconn.get_result()
-        if result is None:  # the end of one command's results
+        if result is None:  # pragma: no cover - libpq ends a command's results with one NULL
             continue
         if result.status == _PIPELINE_SYNC:
             break
         results.append(result)
+        if pgconn.get_result() is not None:  # pragma: no cover - one result per command
+            raise psycopg.InterfaceError("a pipelined command returned more than one result")
     handler = pgconn.notify_handler
     if handler is not None:  # the connection LISTENs: deliver what came with the answer
         while notify := pgconn.notifies():

@@ -3,6 +3,9 @@
 -- Each run -> failed / worker_lease_expired with an at-least-once message, lease cleared; every
 -- attempt still open -> lease_expired / worker_lease_expired. Finished attempts are only read.
 -- Returns the converged runs as they are now.
+-- Statuses are tested in a CASE, never as `status IN (...)` next to the id lookup: the planner
+-- would take such a test for the predicate of the partial indexes over active runs, and after a
+-- quiet ANALYZE (those indexes then look empty) walk one of them for a single id.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
@@ -18,7 +21,7 @@ converged AS (
         updated_at = clock.now
     FROM clock
     WHERE r.id = ANY (%(run_ids)s::text[])
-      AND r.status IN ('running', 'cancel_requested')
+      AND CASE r.status WHEN 'running' THEN true WHEN 'cancel_requested' THEN true END
     RETURNING r.*
 ),
 attempts AS (

@@ -1,6 +1,9 @@
 -- release_lease_for_retry (SPEC 3): only the owner of a running run with a live lease.
 -- running -> pending, lease cleared; the owner's open attempt finishes as retry_released and
 -- stays as a fact. The next claim opens attempt n + 1. Returns one row when released.
+-- Statuses are tested in a CASE, never as `status IN (...)` next to the id lookup: the planner
+-- would take such a test for the predicate of the partial indexes over active runs, and after a
+-- quiet ANALYZE (those indexes then look empty) walk one of them for a single id.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
@@ -13,7 +16,7 @@ released AS (
         updated_at = clock.now
     FROM clock
     WHERE r.id = %(run_id)s
-      AND r.status = 'running'
+      AND CASE r.status WHEN 'running' THEN true END
       AND r.worker_id = %(worker_id)s::text
       AND r.lease_expires_at > clock.now
     RETURNING r.id

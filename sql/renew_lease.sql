@@ -3,6 +3,9 @@
 -- forward. Otherwise nothing is written. Touches no indexed column, so both updates can be HOT.
 -- Returns the run's status when renewed (so a cancel request is seen), no row otherwise.
 -- now = coalesce(%(now)s, now()): the given clock, else the transaction's.
+-- Statuses are tested in a CASE, never as `status IN (...)` next to the id lookup: the planner
+-- would take such a test for the predicate of the partial indexes over active runs, and after a
+-- quiet ANALYZE (those indexes then look empty) walk one of them for a single id.
 WITH renewed AS (
     UPDATE agent_runs r
     SET heartbeat_at = coalesce(%(now)s::timestamptz, now()),
@@ -11,7 +14,7 @@ WITH renewed AS (
         updated_at = coalesce(%(now)s::timestamptz, now())
     WHERE r.id = %(run_id)s
       AND r.worker_id = %(worker_id)s::text
-      AND r.status IN ('running', 'cancel_requested')
+      AND CASE r.status WHEN 'running' THEN true WHEN 'cancel_requested' THEN true END
       AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
     RETURNING r.status, r.heartbeat_at, r.lease_expires_at
 ),

@@ -8,6 +8,9 @@
 -- The guarded UPDATE takes the run row lock (and re-checks its guard on the locked row); only
 -- when it refuses is the row read, locked FOR UPDATE, for the unchanged answer.
 -- now = coalesce(%(now)s, now()): the given clock, else the transaction's.
+-- The rule is a CASE on the status, not `status IN (...)` tests beside the id lookup: the planner
+-- would take those for the predicate of the partial indexes over active runs and, after a quiet
+-- ANALYZE (those indexes then look empty), walk one of them for a single id.
 WITH finished AS (
     UPDATE agent_runs r
     SET status = %(status)s::text,
@@ -19,16 +22,18 @@ WITH finished AS (
         lease_expires_at = NULL,
         updated_at = coalesce(%(now)s::timestamptz, now())
     WHERE r.id = %(run_id)s
-      AND (
-          (r.status = 'pending'
-           AND %(worker_id)s::text IS NULL
-           AND %(status)s::text IN ('failed', 'cancelled'))
-          OR
-          (r.status IN ('running', 'cancel_requested')
-           AND r.worker_id = %(worker_id)s::text
-           AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
-           AND (r.status = 'cancel_requested') = (%(status)s::text = 'cancelled'))
-      )
+      AND CASE r.status
+          WHEN 'pending' THEN
+              %(worker_id)s::text IS NULL AND %(status)s::text IN ('failed', 'cancelled')
+          WHEN 'running' THEN
+              r.worker_id = %(worker_id)s::text
+              AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+              AND %(status)s::text <> 'cancelled'
+          WHEN 'cancel_requested' THEN
+              r.worker_id = %(worker_id)s::text
+              AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+              AND %(status)s::text = 'cancelled'
+          END
     RETURNING r.*
 ),
 attempt AS (
