@@ -24,7 +24,7 @@ from agent_runs.errors import (
 )
 from agent_runs.models import AgentRun, Claim, RunAttempt, RunStatus, Transition
 from agent_runs.sql import query
-from agent_runs.transport import Channel, Row, rows_of, shape, statement
+from agent_runs.transport import Channel, Row, rows_of, shape_of, statement
 
 LEASE_EXPIRED_MESSAGE: Final = (
     "the worker's lease expired before it reported a result: the outcome is unknown. Under "
@@ -161,7 +161,7 @@ class AgentRunRepository:
                     row = cur.execute(query("get_run_by_request_id"), params).fetchone()
                 if row is None:  # pragma: no cover - the other run was deleted in between
                     raise InvalidArgument(f"request_id {request_id!r} is being reused; retry")
-                return _run(Row(shape(tuple(c.name for c in cur.description or ())), row))
+                return _run(Row(shape_of(cur), row))
         except pg_errors.UniqueViolation as exc:
             # A concurrent create with the same request_id can trip the thread index before
             # ON CONFLICT sees the request_id: idempotency is checked first, so look again.

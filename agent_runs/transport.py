@@ -83,7 +83,6 @@ def statement(name: str) -> Statement:
 class Shape:
     """The columns of one statement's result, by name."""
 
-    names: tuple[str, ...]
     index: Mapping[str, int]
     _pickers: dict[str, Callable[[Sequence[Any]], tuple[Any, ...]] | None] = field(
         default_factory=dict, compare=False
@@ -112,7 +111,7 @@ def shape(names: tuple[str, ...]) -> Shape:
     index: dict[str, int] = {}
     for position, name in enumerate(names):
         index.setdefault(name, position)
-    return Shape(names=names, index=index)
+    return Shape(index=index)
 
 
 class Row:
@@ -128,10 +127,15 @@ class Row:
         return self.values[self.shape.index[name]]
 
 
+def shape_of(cur: psycopg.Cursor[Any]) -> Shape:
+    """The shape of a classic cursor's current result."""
+    return shape(tuple(column.name for column in cur.description or ()))
+
+
 def rows_of(cur: psycopg.Cursor[Any]) -> list[Row]:
     """The rows of a classic cursor's current result."""
     rows = cur.fetchall()  # first: in the caller's pipeline, only fetching syncs the result
-    found = shape(tuple(column.name for column in cur.description or ()))
+    found = shape_of(cur)
     return [Row(found, values) for values in rows]
 
 
@@ -268,7 +272,6 @@ class Channel:
             pgconn.exit_pipeline_mode()
             if pgconn.transaction_status != _IDLE:  # the statement failed inside BEGIN … COMMIT
                 _rollback(conn)
-        encoding = conn.info.encoding
         for missing, parsed in zip(unprepared, results, strict=False):
             if parsed.status == _OK or _sqlstate(parsed) == _DUPLICATE_STATEMENT:
                 prepared.add(missing.name)  # made now, or made before by another path
@@ -277,7 +280,7 @@ class Channel:
         if failed is not None:
             if _sqlstate(failed) == _UNKNOWN_STATEMENT:
                 prepared.clear()  # DISCARD ALL, or a pooler moved us to another session
-            return pg_errors.error_from_result(failed, encoding=encoding)
+            return pg_errors.error_from_result(failed, encoding=conn.info.encoding)
         result = results[-2]
         found = session.shapes.get(stmt.name)
         if found is None:

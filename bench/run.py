@@ -339,7 +339,7 @@ def render(payload: dict[str, Any]) -> str:
     )
     out.append(
         f"history: {s['history']:,} finished runs with attempts; {s['reps']} repetitions × "
-        f"{s['seconds']:g} s per variant in {s.get('slices', 1)} alternating slices; load "
+        f"{s['seconds']:g} s per variant in {s['slices']} alternating slices; load "
         f"average before {env['load_before']}, after {env['load_after']}"
     )
 
