@@ -1,0 +1,37 @@
+"""Text for humans: values from users and agents printed as one cell, never as control codes."""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Final
+
+# Bidi controls that reorder what follows them on screen (the "Trojan source" characters).
+_BIDI: Final = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_NAMED: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\x1b": "\\e"}
+
+
+def escape(value: object) -> str:
+    """`value` as one line of visible text: control characters (C0, C1, DEL, ESC, CR/LF),
+    bidi overrides, line/paragraph separators and lone surrogates become backslash escapes;
+    a backslash itself is doubled so that an escape can be told from the text `\\n`."""
+    text = value if isinstance(value, str) else str(value)
+    out: list[str] = []
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch in _NAMED:
+            out.append(_NAMED[ch])
+        elif _unsafe(ch):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _unsafe(ch: str) -> bool:
+    if ch in _BIDI:
+        return True
+    category = unicodedata.category(ch)
+    # Cc: C0/C1/DEL; Cs: lone surrogates; Zl/Zp: U+2028/U+2029 line breaks.
+    return category in ("Cc", "Cs", "Zl", "Zp")
