@@ -4,6 +4,11 @@
 --     sees the request on its next heartbeat and finishes the run as cancelled);
 --   cancel_requested or terminal -> unchanged.
 -- Returns no row for a missing run, else the run as it is now.
+-- Notifications, delivered at commit: a run cancelled at once -> agent_runs_finished (run id);
+-- an ownerless cancel_requested (released, then cancelled) is claimable again, its claimer
+-- finishing it cancelled -> agent_runs_claimable (agent_slug). An owned run notifies nothing:
+-- its owner sees the request on its next heartbeat. `notified` is read by the final SELECT (a
+-- CTE nobody reads is never executed).
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
@@ -21,7 +26,15 @@ changed AS (
     FROM locked, clock
     WHERE r.id = locked.id AND locked.status IN ('pending', 'running')
     RETURNING r.*, locked.never_started
+),
+notified AS (
+    SELECT CASE WHEN changed.never_started
+                THEN pg_notify('agent_runs_finished', changed.id)
+                ELSE pg_notify('agent_runs_claimable', changed.agent_slug) END
+    FROM changed
+    WHERE changed.never_started OR changed.worker_id IS NULL
 )
 SELECT changed.* FROM changed
+WHERE (SELECT count(*) FROM notified) >= 0
 UNION ALL
 SELECT locked.* FROM locked WHERE NOT EXISTS (SELECT FROM changed)

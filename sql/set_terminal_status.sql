@@ -8,6 +8,9 @@
 -- The guarded UPDATE takes the run row lock (and re-checks its guard on the locked row); only
 -- when it refuses is the row read, locked FOR UPDATE, for the unchanged answer.
 -- now = coalesce(%(now)s, now()): the given clock, else the transaction's.
+-- A real transition notifies agent_runs_finished with the run id, delivered at commit; a
+-- refusal notifies nothing. `notified` is read by the final SELECT (a CTE nobody reads is never
+-- executed).
 -- The rule is a CASE on the status, not `status IN (...)` tests beside the id lookup: the planner
 -- would take those for the predicate of the partial indexes over active runs and, after a quiet
 -- ANALYZE (those indexes then look empty), walk one of them for a single id.
@@ -55,7 +58,11 @@ refused AS (
     FROM agent_runs r
     WHERE r.id = %(run_id)s AND NOT EXISTS (SELECT FROM finished)
     FOR UPDATE
+),
+notified AS (
+    SELECT pg_notify('agent_runs_finished', finished.id) FROM finished
 )
 SELECT true AS changed, finished.* FROM finished
+WHERE (SELECT count(*) FROM notified) >= 0
 UNION ALL
 SELECT false AS changed, refused.* FROM refused

@@ -1,0 +1,236 @@
+"""Wake-ups over LISTEN/NOTIFY: workers wake when a run becomes claimable, callers wait for a
+run's end.
+
+The transitions send them inside their own statement (sql/), so a notification is delivered at
+commit, never before the change is visible, and a rolled-back change sends nothing:
+
+- `agent_runs_claimable`, payload the run's agent_slug: create_run (a real insert),
+  release_lease_for_retry, and a request_cancel that leaves an ownerless cancel_requested run.
+- `agent_runs_finished`, payload the run id: every terminal transition.
+
+LISTEN needs a session of its own on the server: through a transaction-mode pooler it is not
+reliable, so give the listener a direct connection, or rely on the poll fallbacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import psycopg
+from psycopg import pq
+
+from agent_runs import validation as check
+from agent_runs.errors import InvalidArgument
+from agent_runs.models import AgentRun
+from agent_runs.repository import AgentRunRepository
+
+CLAIMABLE_CHANNEL: Final = "agent_runs_claimable"
+FINISHED_CHANNEL: Final = "agent_runs_finished"
+
+_LISTEN_FINISHED: Final = "LISTEN agent_runs_finished"
+_UNLISTEN_FINISHED: Final = "UNLISTEN agent_runs_finished"
+_LISTEN_CLAIMABLE: Final = "LISTEN agent_runs_claimable"
+
+# wait_for_run re-reads the run this often in case a notification was missed (a pooler
+# between us and the server, a listener connection that was replaced).
+WAIT_POLL_SECONDS: Final = 2.0
+# Wakeups: pending wake-ups kept while no claimer waits (a burst never queues more).
+MAX_PENDING: Final = 10_000
+# The listener thread checks its stop flag at least this often.
+_LISTEN_SLICE_SECONDS: Final = 0.25
+# Reconnect back-off after a dropped listener: BASE * 2**n, capped, with jitter (x 0.5..1).
+_BACKOFF_BASE_SECONDS: Final = 0.1
+_BACKOFF_CAP_SECONDS: Final = 10.0
+# A dead peer (no FIN) is noticed by TCP keepalives: the listener only ever reads.
+_LISTENER_DEFAULTS: Final[Mapping[str, Any]] = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 15,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+
+log = logging.getLogger("agent_runs.notify")
+
+
+def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds: float) -> AgentRun:
+    """Block until run `run_id` is terminal and return it.
+
+    Raises InvalidArgument for bad arguments or an unknown run, TimeoutError when the run is not
+    terminal after `timeout_seconds`. `conn` must be an autocommit connection outside a
+    transaction; it is LISTENing on agent_runs_finished only during the call (and occupied by
+    it), and is left idle afterwards.
+    """
+    run_id = check.identifier("run_id", run_id)
+    timeout = _timeout_seconds(timeout_seconds)
+    if not conn.autocommit or conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        raise InvalidArgument("conn must be an idle autocommit connection (LISTEN needs it)")
+    deadline = time.monotonic() + timeout
+    repo = AgentRunRepository(conn)
+    # LISTEN before the first read: a run that ends after the read is then always notified.
+    conn.execute(_LISTEN_FINISHED)
+    try:
+        run = repo.get_run(run_id)
+        if run is None:
+            raise InvalidArgument(f"run_id {run_id!r}: no such run")
+        while not run.is_terminal:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"run {run_id!r} is still {run.status} after {timeout:g} seconds"
+                )
+            for notify in conn.notifies(timeout=min(remaining, WAIT_POLL_SECONDS)):
+                if notify.channel == FINISHED_CHANNEL and notify.payload == run_id:
+                    break
+            fresh = repo.get_run(run_id)
+            if fresh is None:
+                raise InvalidArgument(f"run_id {run_id!r}: the run was deleted while waiting")
+            run = fresh
+        return run
+    finally:
+        if (
+            not conn.closed
+            and not conn.broken
+            and conn.info.transaction_status == pq.TransactionStatus.IDLE
+        ):
+            conn.execute(_UNLISTEN_FINISHED)
+
+
+def _timeout_seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(f"timeout_seconds must be a number, not {type(value).__name__}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidArgument(f"timeout_seconds must be finite and >= 0, not {value!r}")
+    return seconds
+
+
+class Wakeups:
+    """One LISTEN connection per worker process, handing each wake-up to one idle claimer.
+
+    A daemon thread listens on agent_runs_claimable. Each notification for a served agent slug
+    (any slug when `agent_slugs` is None) becomes one token: it releases exactly one claimer
+    blocked in `wait`, or, when none waits, is kept (up to `max_pending`) for the next `wait`,
+    so a wake-up arriving between a claimer's empty claim and its next wait is not lost. A
+    burst of N notifications wakes at most N claimers. After every (re)connect one catch-up
+    token is posted: a run may have become claimable while nobody listened.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        agent_slugs: Sequence[str] | None = None,
+        connect_kwargs: Mapping[str, Any] | None = None,
+        max_pending: int = MAX_PENDING,
+    ) -> None:
+        if isinstance(agent_slugs, str):
+            raise InvalidArgument("agent_slugs must be a list of slugs, not a string")
+        if max_pending < 1:
+            raise InvalidArgument(f"max_pending must be >= 1, not {max_pending!r}")
+        self._conninfo = conninfo
+        self._slugs = None if agent_slugs is None else frozenset(agent_slugs)
+        self._connect_kwargs = {**_LISTENER_DEFAULTS, **(connect_kwargs or {}), "autocommit": True}
+        self._max_pending = max_pending
+        self._cond = threading.Condition()
+        self._tokens = 0
+        self._interrupted = False
+        self._stop = threading.Event()
+        self._listening = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def listening(self) -> bool:
+        """True while LISTEN is in force on a live connection."""
+        return self._listening
+
+    def start(self) -> None:
+        """Start the listener thread (once)."""
+        if self._thread is not None:
+            raise RuntimeError("Wakeups already started")
+        self._thread = threading.Thread(target=self._listen, name="agent-runs-wakeups", daemon=True)
+        self._thread.start()
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a wake-up is taken (True), the timeout passes or interrupt() (False)."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._cond:
+            while not self._tokens and not self._interrupted:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            if self._interrupted:
+                return False
+            self._tokens -= 1
+            return True
+
+    def interrupt(self) -> None:
+        """Wake every waiter now; every later wait returns False at once."""
+        with self._cond:
+            self._interrupted = True
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Interrupt the waiters, stop the listener thread (it closes its connection), join it."""
+        self.interrupt()
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    # -- the listener thread ---------------------------------------------------------------
+
+    def _post(self) -> None:
+        with self._cond:
+            if self._tokens < self._max_pending:
+                self._tokens += 1
+                self._cond.notify()
+
+    def _accepts(self, payload: str) -> bool:
+        return self._slugs is None or payload in self._slugs
+
+    def _listen(self) -> None:
+        failures = 0  # consecutive failed connects since the last drop
+        dropped = False
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._conninfo, **self._connect_kwargs) as conn:
+                    conn.execute(_LISTEN_CLAIMABLE)
+                    self._listening = True
+                    if dropped:
+                        log.info("listening on %s again", CLAIMABLE_CHANNEL)
+                    failures = 0
+                    dropped = False
+                    self._post()  # catch up on whatever became claimable while nobody listened
+                    self._receive(conn)
+                    self._listening = False
+            except psycopg.Error as exc:
+                self._listening = False
+                if self._stop.is_set():
+                    break
+                if not dropped:
+                    log.warning(
+                        "the %s listener is down (%s); reconnecting with back-off, claimers "
+                        "poll meanwhile",
+                        CLAIMABLE_CHANNEL,
+                        " ".join(str(exc).split()) or type(exc).__name__,
+                    )
+                    dropped = True
+                else:
+                    log.debug("listener reconnect failed: %s", type(exc).__name__)
+                delay = min(_BACKOFF_CAP_SECONDS, _BACKOFF_BASE_SECONDS * 2**failures)
+                failures = min(failures + 1, 16)
+                self._stop.wait(delay * random.uniform(0.5, 1.0))
+        self._listening = False
+
+    def _receive(self, conn: psycopg.Connection[Any]) -> None:
+        while not self._stop.is_set():
+            for notify in conn.notifies(timeout=_LISTEN_SLICE_SECONDS):
+                if notify.channel == CLAIMABLE_CHANNEL and self._accepts(notify.payload):
+                    self._post()
