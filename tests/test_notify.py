@@ -3,6 +3,7 @@ Wakeups listener handing one wake-up to one claimer, and wait_for_run."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -438,3 +439,54 @@ def test_wait_for_run_refuses_bad_arguments_and_unknown_runs(
 def test_wait_for_run_refuses_a_connection_inside_a_transaction(dsn: str) -> None:
     with psycopg.connect(dsn) as conn, pytest.raises(InvalidArgument, match="autocommit"):
         wait_for_run(conn, "any", timeout_seconds=1)
+
+
+# --- agent-runs wait ----------------------------------------------------------------------
+
+
+def _cli(*argv: str) -> int:
+    from agent_runs.cli.main import main
+
+    return main(list(argv))
+
+
+def test_cli_wait_prints_the_final_status_and_why(
+    dsn: str, repo: AgentRunRepository, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = new_run(repo)
+    assert repo.mark_running(run.id, worker_id="w", lease_seconds=60).acquired
+    thread = _later(lambda: repo.set_terminal_status(run.id, status="completed", worker_id="w"))
+    assert _cli("wait", run.id, "--dsn", dsn, "--timeout", "30") == 0
+    thread.join()
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{run.id}  completed"
+    assert out[1].startswith("completed: attempt 1 by w")
+
+
+def test_cli_wait_exits_1_for_any_other_final_status_and_prints_json(
+    dsn: str, repo: AgentRunRepository, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = new_run(repo)
+    thread = _later(lambda: repo.request_cancel(run.id))
+    assert _cli("wait", run.id, "--dsn", dsn, "--json") == 1
+    thread.join()
+    document = json.loads(capsys.readouterr().out)
+    assert document["run"]["id"] == run.id
+    assert document["run"]["status"] == "cancelled"
+    assert document["attempts"] == []
+    assert "before it ever started" in document["explanation"]
+
+
+def test_cli_wait_exits_124_on_timeout_and_2_on_bad_input(
+    dsn: str, repo: AgentRunRepository, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = new_run(repo)
+    assert _cli("wait", run.id, "--dsn", dsn, "--timeout", "0.2") == 124
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert len(captured.err.splitlines()) == 1 and "pending" in captured.err
+    assert _cli("wait", "no-such-run", "--dsn", dsn, "--timeout", "1") == 2
+    assert "no such run" in capsys.readouterr().err
+    for bad in ("-1", "nan", "soon"):
+        assert _cli("wait", run.id, "--dsn", dsn, "--timeout", bad) == 2
+    assert _cli("wait", "", "--dsn", dsn, "--timeout", "1") == 2
