@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import psycopg
@@ -25,3 +26,8 @@ def create_pool(
     kwargs.setdefault("configure", _configure)
     kwargs.setdefault("check", ConnectionPool.check_connection)
     return ConnectionPool(dsn, min_size=min_size, max_size=max_size, open=open, **kwargs)
+
+
+def no_prepare_from_env() -> bool:
+    """AGENT_RUNS_NO_PREPARE=1 (or true/yes/on): use no named prepared statements."""
+    return os.environ.get("AGENT_RUNS_NO_PREPARE", "").strip().lower() in {"1", "true", "yes", "on"}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Final
 
+import psycopg
+
 # Constraint names the repository translates into domain errors (see migrations/).
 UQ_ONE_ACTIVE_PER_THREAD: Final = "uq_agent_runs_one_active_per_thread"
 UQ_REQUEST_ID: Final = "uq_agent_runs_request_id"
@@ -25,3 +27,16 @@ class NotLeaseOwner(AgentRunsError, ValueError):
 
 class ThreadBusy(AgentRunsError):
     """Another non-terminal run already exists on the same (uid, agent_slug, thread_id)."""
+
+
+class RetryableError(Exception):
+    """Raised by an agent for a transient failure: the run is released for another attempt."""
+
+
+class LeaseLost(NotLeaseOwner):
+    """The worker can no longer prove it holds the run's lease; the agent should stop."""
+
+
+# Failures of the database or of the way to it: callers log them, back off and reconnect.
+# (psycopg_pool's PoolTimeout and TooManyRequests are OperationalErrors.)
+DB_ERRORS: Final = (psycopg.OperationalError, psycopg.InterfaceError)

@@ -60,7 +60,7 @@ def bench_server(dsn: str | None) -> Iterator[BenchServer]:
                 raise SystemExit("AGENT_RUNS_BENCH_DSN must be a postgresql:// URL")
             server = BenchServer(kind="dsn", admin_url=dsn)
         else:
-            from agent_runs.embedded import embedded_postgres
+            from agent_runs.devtools.embedded import embedded_postgres
 
             embedded = stack.enter_context(embedded_postgres(prefix="agent_runs-bench-pg-"))
             server = BenchServer(kind="embedded", admin_url=embedded.url)

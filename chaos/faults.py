@@ -23,7 +23,7 @@ from typing import IO, Any, Final
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from agent_runs.embedded import EmbeddedServer
+from agent_runs.devtools.embedded import EmbeddedServer
 
 WORKER_APP_PREFIX: Final = "chaos-worker:"
 RECONCILER_APP: Final = "chaos-reconciler"

@@ -18,7 +18,7 @@ from typing import Any, Final, TypeVar
 import psycopg
 from psycopg import sql
 
-from agent_runs.embedded import EmbeddedServer, embedded_postgres
+from agent_runs.devtools.embedded import EmbeddedServer, embedded_postgres
 from agent_runs.migrate import apply_migrations
 from agent_runs.models import TERMINAL_STATUSES
 from agent_runs.repository import AgentRunRepository

@@ -176,7 +176,7 @@ def _start_server(kind: str) -> Iterator[PgServer]:
             url = conninfo_to_url(str(container.get_connection_url()))
             yield PgServer(kind="docker", admin_url=url, label=_KIND_LABEL[kind])
     else:
-        from agent_runs.embedded import embedded_postgres
+        from agent_runs.devtools.embedded import embedded_postgres
 
         with embedded_postgres(prefix="agent_runs-test-pg-") as server:
             yield PgServer(kind="embedded", admin_url=server.url, label=_KIND_LABEL[kind])

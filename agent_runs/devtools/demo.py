@@ -103,7 +103,7 @@ def run_demo(
     with ExitStack() as stack:
         stack.enter_context(_sigterm_as_interrupt())
         if dsn is None:
-            from agent_runs.embedded import embedded_postgres
+            from agent_runs.devtools.embedded import embedded_postgres
 
             say("starting an embedded PostgreSQL in a temporary directory")
             with _signals_held():

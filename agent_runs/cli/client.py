@@ -1,0 +1,73 @@
+"""`agent-runs enqueue` and `agent-runs attempts`: create a run, read a run's history."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import uuid
+from typing import Any
+
+from agent_runs.cli.common import UsageError, open_connection
+from agent_runs.explain import explain_run
+from agent_runs.report import history_json, render_history
+from agent_runs.repository import AgentRunRepository
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("enqueue", parents=[common], help="create a run; prints its id")
+    p.add_argument("--thread", required=True, help="conversation thread id")
+    p.add_argument("--agent-slug", required=True, help="which agent runs it")
+    p.add_argument("--uid", required=True, help="user id")
+    p.add_argument("--payload", default=None, help="input payload, a JSON object")
+    p.add_argument("--request-id", default=None, help="idempotency key (default: a new uuid)")
+    p.add_argument("--run-type", default="chat", choices=("chat", "resume", "subagent"))
+    p.add_argument("--created-by-run-id", default=None, help="parent run of a sub-agent run")
+    p.set_defaults(func=cmd_enqueue)
+
+    p = sub.add_parser("attempts", parents=[common], help="a run's attempt history, explained")
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_attempts)
+
+
+def parse_payload(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        payload = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise UsageError(f"--payload is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise UsageError("--payload must be a JSON object")
+    return payload
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    payload = parse_payload(args.payload)
+    with open_connection(args) as conn:
+        run = AgentRunRepository(conn).create_run(
+            thread_id=args.thread,
+            agent_slug=args.agent_slug,
+            uid=args.uid,
+            request_id=args.request_id or str(uuid.uuid4()),
+            input_payload=payload,
+            run_type=args.run_type,
+            created_by_run_id=args.created_by_run_id,
+        )
+    print(run.id)
+    return 0
+
+
+def cmd_attempts(args: argparse.Namespace) -> int:
+    with open_connection(args) as conn:
+        repo = AgentRunRepository(conn)
+        run = repo.get_run(args.run_id)
+        if run is None:
+            raise UsageError(f"no run with id {args.run_id!r}")
+        attempts = repo.list_run_attempts(run.id)
+    explanation = explain_run(run, attempts)
+    if args.json:
+        print(json.dumps(history_json(run, attempts, explanation), indent=2, ensure_ascii=False))
+    else:
+        print(render_history(run, attempts, explanation))
+    return 0

@@ -1,0 +1,244 @@
+"""`agent-runs worker` and `agent-runs reconcile`: the long-running processes."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from psycopg_pool import ConnectionPool
+
+from agent_runs.cli.common import (
+    CONNECT_TIMEOUT_SECONDS,
+    LOG_LEVELS,
+    UsageError,
+    check_dsn,
+    connect_options,
+    one_line,
+    open_connection,
+    positive_float,
+    positive_int,
+    resolve_dsn,
+    setup_logging,
+)
+from agent_runs.db import create_pool
+from agent_runs.errors import DB_ERRORS
+from agent_runs.repository import AgentRunRepository
+from agent_runs.worker import Agent, Backoff, Worker
+
+log = logging.getLogger("agent_runs.cli")
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("worker", parents=[common], help="claim and execute runs until SIGTERM")
+    p.add_argument(
+        "--concurrency", type=positive_int, default=1, metavar="N", help="threads (default 1)"
+    )
+    p.add_argument(
+        "--agent", default="scripted", help="`scripted` (default) or an import path module:callable"
+    )
+    p.add_argument(
+        "--agent-slug",
+        action="append",
+        dest="agent_slugs",
+        default=None,
+        metavar="SLUG",
+        help="only claim runs of this agent slug (repeatable; default: any)",
+    )
+    p.add_argument(
+        "--lease-seconds", type=positive_float, default=60.0, metavar="S", help="default 60"
+    )
+    p.add_argument(
+        "--heartbeat-seconds", type=positive_float, metavar="H", help="default: lease / 3"
+    )
+    p.add_argument("--max-tries", type=positive_int, default=3, metavar="M", help="default 3")
+    p.add_argument("--name", help="stable worker identity (default: host-pid)")
+    p.add_argument(
+        "--poll-seconds",
+        type=positive_float,
+        default=None,
+        metavar="P",
+        help="safety-net poll between claims while idle (default: 5 with wake-ups, 1 without)",
+    )
+    p.add_argument(
+        "--listen-dsn",
+        default=None,
+        metavar="DSN",
+        help="direct connection for wake-ups when --dsn goes through a transaction pooler",
+    )
+    p.add_argument(
+        "--no-listen", action="store_true", help="no wake-ups: find new runs by polling only"
+    )
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("reconcile", parents=[common], help="fail runs whose lease expired")
+    p.add_argument(
+        "--every",
+        type=positive_float,
+        metavar="SECONDS",
+        help="repeat every SECONDS until SIGTERM (default: once)",
+    )
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
+    p.set_defaults(func=cmd_reconcile)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    dsn = resolve_dsn(args.dsn)
+    if args.listen_dsn is not None:
+        check_dsn(args.listen_dsn)
+    agent = load_agent(args.agent)
+    pool = worker_pool(args, dsn, max_size=args.concurrency + 2)
+    try:
+        worker = Worker(
+            pool,
+            agent,
+            name=args.name,
+            lease_seconds=args.lease_seconds,
+            heartbeat_seconds=args.heartbeat_seconds,
+            max_tries=args.max_tries,
+            poll_seconds=args.poll_seconds,
+            agent_slugs=args.agent_slugs,
+            **_listen_options(args, dsn),
+        )
+    except BaseException:
+        pool.close()
+        raise
+    setup_logging(args.log_level)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("%s: stop claiming; asking running agents to stop", signal.Signals(signum).name)
+        stop.set()
+        worker.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    threads = [
+        threading.Thread(
+            target=worker.run_forever, args=(stop,), name=f"{worker.name}/{i}", daemon=True
+        )
+        for i in range(1, args.concurrency + 1)
+    ]
+    log.info(
+        "worker %s: %d thread(s), lease %.1fs, heartbeat %.1fs, max tries %d, agent %s",
+        worker.name,
+        args.concurrency,
+        worker.lease_seconds,
+        worker.heartbeat_seconds,
+        worker.max_tries,
+        args.agent,
+    )
+    for thread in threads:
+        thread.start()
+    while not stop.is_set() and any(t.is_alive() for t in threads):
+        stop.wait(0.5)
+    # Agents that honour should_stop() are done quickly; one that ignores it gets one lease.
+    deadline = time.monotonic() + worker.lease_seconds
+    for thread in threads:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        log.warning("an agent ignored the stop request for a whole lease; exiting anyway")
+        logging.shutdown()
+        os._exit(worker.exit_code)  # the abandoned run's lease expires; the reconciler converges it
+    worker.close()
+    pool.close(timeout=2.0)
+    log.info("worker %s stopped", worker.name)
+    return worker.exit_code
+
+
+def _listen_options(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
+    if args.no_listen:
+        return {"listen_dsn": None}
+    return {"listen_dsn": args.listen_dsn or dsn}
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    if args.every is None:
+        with open_connection(args) as conn:
+            total = _reconcile_all(AgentRunRepository(conn))
+        print(f"reconciled {total} run(s)")
+        return 0
+
+    dsn = resolve_dsn(args.dsn)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    pool = worker_pool(args, dsn, max_size=1)
+    backoff = Backoff()
+    log.info("reconciler: every %.1fs", args.every)
+    try:
+        while not stop.is_set():
+            try:
+                with pool.connection(timeout=CONNECT_TIMEOUT_SECONDS) as conn:
+                    _reconcile_all(AgentRunRepository(conn))
+            except DB_ERRORS as exc:
+                delay = backoff.next_delay()
+                log.warning("reconcile failed (%s); retrying in %.1fs", one_line(exc), delay)
+                stop.wait(delay)
+                continue
+            except Exception:  # a long-lived reconciler logs a bug loudly and carries on
+                delay = backoff.next_delay()
+                log.exception("reconcile error; retrying in %.1fs", delay)
+                stop.wait(delay)
+                continue
+            backoff.reset()
+            stop.wait(args.every)
+    finally:
+        pool.close(timeout=2.0)
+    return 0
+
+
+def load_agent(spec: str) -> Agent:
+    """`scripted`, or `module:callable` (a class is instantiated with no arguments)."""
+    if spec == "scripted":
+        from agent_runs.devtools.scripted import ScriptedAgent
+
+        return ScriptedAgent()
+    module_name, sep, attr_path = spec.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise UsageError(f"--agent must be 'scripted' or module:callable, not {spec!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: agents next to where you run it
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for attr in attr_path.split("."):
+            obj = getattr(obj, attr)
+    except Exception as exc:  # an agent module that fails to import is bad input, not a crash
+        raise UsageError(f"--agent {spec}: {one_line(exc)}") from None
+    if isinstance(obj, type):
+        obj = obj()
+    if not callable(obj):
+        raise UsageError(f"--agent {spec} is not callable")
+    agent: Agent = obj
+    return agent
+
+
+def _reconcile_all(repo: AgentRunRepository, limit: int = 500) -> int:
+    total = 0
+    while True:
+        converged = repo.reconcile_expired_leases(limit=limit)
+        for run in converged:
+            log.info("reconciled run %s: %s (%s)", run.id, run.status, run.error_type)
+        total += len(converged)
+        if len(converged) < limit:
+            return total
+
+
+def worker_pool(args: argparse.Namespace, dsn: str, *, max_size: int) -> ConnectionPool:
+    # open() does not wait: a worker started before its database keeps retrying instead of dying.
+    return create_pool(
+        dsn, min_size=1, max_size=max_size, kwargs=connect_options(args), name="agent-runs"
+    )

@@ -1,0 +1,1 @@
+"""Development tools: the embedded PostgreSQL, the demo and the scripted agent (not the API)."""

@@ -1,0 +1,25 @@
+"""Synchronous worker runtime: claim a run, execute an agent, heartbeat the lease, record the end.
+
+The package, one job per module: `protocol` (what an agent is and sees), `heartbeat` (leases
+held, renewed in batches, cancel requests seen), `outcome` (the decision, a pure function),
+`completer` (writing it with a proven lease), `runtime` (the Worker and its loops).
+"""
+
+from __future__ import annotations
+
+from agent_runs.errors import LeaseLost, RetryableError
+from agent_runs.worker.backoff import Backoff
+from agent_runs.worker.heartbeat import HeartbeatService
+from agent_runs.worker.protocol import Agent, AgentResult, RunContext
+from agent_runs.worker.runtime import Worker
+
+__all__ = [
+    "Agent",
+    "AgentResult",
+    "Backoff",
+    "HeartbeatService",
+    "LeaseLost",
+    "RetryableError",
+    "RunContext",
+    "Worker",
+]

@@ -1,0 +1,159 @@
+"""The completer: write an execution's decision while the lease can be proven.
+
+Database failures are retried with back-off while the lease holds. A failed call may have
+committed although its reply was lost, so after one the completer first reads whether its own
+attempt already ended as decided. A refusal is final (the lease is no longer ours), except when
+a cancel request arrived after the last heartbeat: then the run is finished `cancelled`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from psycopg_pool import PoolClosed
+
+from agent_runs.errors import DB_ERRORS
+from agent_runs.models import AgentRun, AttemptOutcome, RunStatus
+from agent_runs.repository import AgentRunRepository
+from agent_runs.worker.backoff import Backoff
+from agent_runs.worker.heartbeat import Lease
+from agent_runs.worker.outcome import CANCELLED, Decision
+from agent_runs.worker.text import one_line
+
+log = logging.getLogger("agent_runs.worker")
+
+Repositories = Callable[[], AbstractContextManager[AgentRunRepository]]
+
+
+class Completer:
+    """Writes decisions for one worker (see the module docstring)."""
+
+    def __init__(self, repository: Repositories, *, lease_seconds: float, retry_cap: float) -> None:
+        self._repository = repository
+        self._lease_seconds = lease_seconds
+        self._retry_cap = retry_cap
+
+    def finish(self, run: AgentRun, lease: Lease, decision: Decision, tag: str) -> AgentRun:
+        """Write `decision` for `run`; the run as it is afterwards (as far as known)."""
+        lease.finishing = True
+        backoff = Backoff(cap=self._retry_cap)
+        # Once the agent stopped the heartbeat the lease cannot be proven; try for one lease.
+        give_up_at = time.monotonic() + self._lease_seconds
+        in_doubt = False  # a previous try may have committed although its reply was lost
+        while True:
+            if in_doubt and (done := self._confirm(run.id, lease, decision)) is not None:
+                log.info("%s: %s (confirmed after a lost reply)", tag, done.status)
+                return done
+            unwritable = self._unwritable(lease, give_up_at)
+            if unwritable is not None:
+                log.warning("%s: %s; writing nothing", tag, unwritable)
+                return self.reread(run) if lease.lost or not lease.heartbeat_stopped else run
+            try:
+                written, current = self._write(run, lease, decision)
+            except PoolClosed:
+                log.warning("%s: pool closed before the result was written", tag)
+                return run
+            except DB_ERRORS as exc:
+                in_doubt = True
+                delay = backoff.next_delay()
+                what = decision.status or "retry release"
+                log.warning(
+                    "%s: could not write %s (%s); retrying in %.1fs",
+                    tag,
+                    what,
+                    one_line(exc),
+                    delay,
+                )
+                time.sleep(delay)
+                continue
+            if written is not None:
+                log.info("%s: %s%s", tag, decision.status or "released for retry", _error(decision))
+                return written
+            # Refused: the database answered. Perhaps to our own earlier write.
+            if in_doubt and (done := self._confirm(run.id, lease, decision)) is not None:
+                log.info("%s: %s (confirmed after a lost reply)", tag, done.status)
+                return done
+            in_doubt = False
+            if _cancel_arrived(current, lease, decision):
+                decision = CANCELLED
+                continue
+            lease.lost = True
+            log.warning(
+                "%s: the repository refused %s (lease no longer ours; run is %s)",
+                tag,
+                decision.status or "the retry release",
+                current.status if current is not None else "gone",
+            )
+            return current or run
+
+    def _unwritable(self, lease: Lease, give_up_at: float) -> str | None:
+        if lease.lost:
+            return "lease lost"
+        if lease.heartbeat_stopped:
+            return (
+                "database unreachable; result dropped" if time.monotonic() >= give_up_at else None
+            )
+        if lease.expired():
+            return "lease could not be proven until its expiry"
+        return None
+
+    def _write(
+        self, run: AgentRun, lease: Lease, decision: Decision
+    ) -> tuple[AgentRun | None, AgentRun | None]:
+        """(the run as written, None) or, when refused, (None, the run as it is now)."""
+        with self._repository() as repo:
+            if decision.status is None:
+                if repo.release_lease_for_retry(run.id, worker_id=lease.worker_id):
+                    return repo.get_run(run.id) or run, None
+                return None, repo.get_run(run.id)
+            transition = repo.set_terminal_status(
+                run.id,
+                status=decision.status,
+                worker_id=lease.worker_id,
+                error_type=decision.error_type,
+                error_message=decision.error_message,
+            )
+            if transition.run is not None and transition.changed:
+                return transition.run, None
+            return None, transition.run
+
+    def _confirm(self, run_id: str, lease: Lease, decision: Decision) -> AgentRun | None:
+        """After a lost reply: the run if our attempt already finished as decided (a read)."""
+        expected = (
+            AttemptOutcome.RETRY_RELEASED
+            if decision.status is None
+            else AttemptOutcome(decision.status.value)
+        )
+        try:
+            with self._repository() as repo:
+                for attempt in repo.list_run_attempts(run_id):
+                    if attempt.worker_id == lease.worker_id and attempt.outcome == expected:
+                        return repo.get_run(run_id)
+        except DB_ERRORS:
+            pass
+        return None
+
+    def reread(self, run: AgentRun) -> AgentRun:
+        """The run as the database has it now (a read, never a write); the snapshot on failure."""
+        try:
+            with self._repository() as repo:
+                return repo.get_run(run.id) or run
+        except DB_ERRORS:
+            return run
+
+
+def _cancel_arrived(current: AgentRun | None, lease: Lease, decision: Decision) -> bool:
+    """A cancel request that arrived after the last heartbeat: the run ends `cancelled`."""
+    return (
+        current is not None
+        and current.status == RunStatus.CANCEL_REQUESTED
+        and current.worker_id == lease.worker_id
+        and decision.status != RunStatus.CANCELLED
+    )
+
+
+def _error(decision: Decision) -> str:
+    return f" ({decision.error_type}: {decision.error_message})" if decision.error_type else ""

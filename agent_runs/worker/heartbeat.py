@@ -1,0 +1,143 @@
+"""The heartbeat: every lease the process holds, renewed in one statement per round.
+
+A lease is proven live until `deadline` (monotonic): the moment a successful claim or renewal
+was *sent* plus the lease, so it never outlives the database's own expiry. A refused renewal
+means the lease is lost; a cancel request shows up as the run's status in the renewal's answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from psycopg_pool import ConnectionPool, PoolClosed
+
+from agent_runs.errors import DB_ERRORS
+from agent_runs.models import RunStatus
+from agent_runs.repository import AgentRunRepository
+from agent_runs.worker.backoff import Backoff
+from agent_runs.worker.connection import connection
+from agent_runs.worker.text import one_line
+
+log = logging.getLogger("agent_runs.worker")
+
+
+class Lease:
+    """What this process knows about one lease it holds; written by the heartbeat thread."""
+
+    def __init__(self, run_id: str, worker_id: str, lease_seconds: float, deadline: float) -> None:
+        self.run_id = run_id
+        self.worker_id = worker_id
+        self.lease_seconds = lease_seconds
+        self.deadline = deadline
+        self.lost = False  # a renewal was refused: someone else decides this run's fate now
+        self.cancel_requested = False
+        self.heartbeat_stopped = False  # the agent opted out (ctx.stop_heartbeat)
+        self.finishing = False  # the final write is under way: a refusal may be our own write
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def provable(self) -> bool:
+        return not self.lost and not self.expired()
+
+
+class HeartbeatService:
+    """One thread that renews every lease of the process in one `renew_leases` call per round."""
+
+    def __init__(
+        self, pool: ConnectionPool, *, lease_seconds: float, interval: float, timeout: float
+    ) -> None:
+        self._pool = pool
+        self._lease_seconds = lease_seconds
+        self._interval = interval
+        self._timeout = timeout
+        self._leases: dict[str, Lease] = {}  # owner token -> lease
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rounds = 0
+        self.failed_rounds = 0
+
+    def track(self, run_id: str, worker_id: str, *, deadline: float) -> Lease:
+        lease = Lease(run_id, worker_id, self._lease_seconds, deadline)
+        with self._lock:
+            self._leases[worker_id] = lease
+            if self._thread is None and not self._closed.is_set():
+                self._thread = threading.Thread(
+                    target=self._loop, name="agent-runs-heartbeat", daemon=True
+                )
+                self._thread.start()
+        return lease
+
+    def untrack(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases.pop(lease.worker_id, None)
+
+    def stop_renewing(self, lease: Lease) -> None:
+        lease.heartbeat_stopped = True
+        self.untrack(lease)
+
+    def close(self) -> None:
+        self._closed.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=self._timeout + 1.0)
+
+    def _loop(self) -> None:
+        backoff = Backoff(initial=0.2, cap=self._interval)
+        delay = self._interval
+        while not self._closed.wait(delay):
+            try:
+                ok = self.renew_once()
+            except Exception:  # never let the heartbeat thread die
+                log.exception("heartbeat round failed unexpectedly")
+                ok = False
+            if ok:
+                backoff.reset()
+                delay = self._interval
+            else:
+                # Retry sooner than a full interval: each failed round eats into the leases.
+                delay = backoff.next_delay()
+
+    def renew_once(self) -> bool:
+        """One renewal round over every tracked lease; False when the database could not answer."""
+        with self._lock:
+            batch: dict[str, Lease] = {}
+            for lease in self._leases.values():  # insertion order: a newer claim of a run wins
+                if not lease.lost:
+                    batch[lease.run_id] = lease
+        if not batch:
+            return True
+        try:
+            with connection(self._pool, timeout=self._timeout) as conn:
+                # After the checkout (which may wait out an outage), before the renewal is
+                # sent: the renewed lease cannot start earlier in the database.
+                sent_at = time.monotonic()
+                renewed = AgentRunRepository(conn).renew_leases(
+                    {run_id: lease.worker_id for run_id, lease in batch.items()},
+                    lease_seconds=self._lease_seconds,
+                )
+        except PoolClosed:
+            return False
+        except DB_ERRORS as exc:
+            self.failed_rounds += 1
+            log.warning("heartbeat: could not renew %d lease(s): %s", len(batch), one_line(exc))
+            return False
+        self.rounds += 1
+        for run_id, lease in batch.items():
+            status = renewed.get(run_id)
+            if status is None:
+                if not lease.lost and not lease.finishing:
+                    log.warning(
+                        "run %s: lease of %s was refused: lost; writing nothing more for it",
+                        run_id,
+                        lease.worker_id,
+                    )
+                lease.lost = True
+            else:
+                lease.deadline = max(lease.deadline, sent_at + self._lease_seconds)
+                if status == RunStatus.CANCEL_REQUESTED:
+                    lease.cancel_requested = True
+        return True

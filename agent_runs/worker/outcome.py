@@ -1,0 +1,132 @@
+"""What to write for a run once its agent has returned or raised: a pure decision.
+
+In order: a cancel request -> `cancelled`; the agent raised SystemExit or KeyboardInterrupt ->
+`interrupted` (error_type `agent_exit`; the worker then stops); the worker is shutting down ->
+released for retry unless the agent returned `completed`; RetryableError -> released while
+attempt_no < max_tries, else `failed` / `retries_exhausted`; any other exception -> `failed` /
+`agent_error`; a value that is not a valid AgentResult -> `failed` / `agent_error`, saying
+what it was; else the AgentResult. Error text from the agent is a fact: it is made storable, never dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from agent_runs import validation as check
+from agent_runs.errors import RetryableError
+from agent_runs.models import RunStatus
+from agent_runs.worker.protocol import AgentResult
+from agent_runs.worker.text import exception_text
+
+# What an agent may end a run with by returning it. `cancelled` needs a cancel request first.
+_RESULT_STATUSES: Final = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.INTERRUPTED})
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the worker will write: a terminal status with its error, or (status None) a
+    release for retry."""
+
+    status: RunStatus | None
+    error_type: str | None = None
+    error_message: str | None = None
+
+    @property
+    def releases(self) -> bool:
+        return self.status is None
+
+
+RELEASE: Final = Decision(None)
+CANCELLED: Final = Decision(RunStatus.CANCELLED)
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How the agent call ended: the value it returned, or the exception it raised."""
+
+    returned: object = None
+    raised: BaseException | None = None
+
+    @property
+    def stops_worker(self) -> bool:
+        """The agent asked the whole process to stop (SystemExit, KeyboardInterrupt)."""
+        return isinstance(self.raised, SystemExit | KeyboardInterrupt)
+
+
+def decide(ending: Ending, *, stop_reason: str | None, attempt_no: int, max_tries: int) -> Decision:
+    """The decision for an execution whose lease is still ours (see the module docstring)."""
+    raised = ending.raised
+    if stop_reason == "cancel_requested":
+        return CANCELLED
+    if ending.stops_worker:
+        assert raised is not None
+        return _failure(RunStatus.INTERRUPTED, "agent_exit", exception_text(raised))
+    if stop_reason == "shutdown" and not _completed(ending):
+        return RELEASE  # the agent was asked to stop: let another worker run it again
+    if isinstance(raised, RetryableError):
+        if attempt_no < max_tries:
+            return RELEASE
+        return _failure(
+            RunStatus.FAILED,
+            "retries_exhausted",
+            f"attempt {attempt_no} of {max_tries} failed with a retryable error: "
+            f"{exception_text(raised)}",
+        )
+    if raised is not None:
+        return _failure(RunStatus.FAILED, "agent_error", exception_text(raised))
+    return _from_result(ending.returned)
+
+
+def _completed(ending: Ending) -> bool:
+    result = ending.returned
+    return (
+        ending.raised is None
+        and isinstance(result, AgentResult)
+        and _status(result) == RunStatus.COMPLETED
+    )
+
+
+def _status(result: AgentResult) -> RunStatus | None:
+    try:
+        return RunStatus(result.status)
+    except (ValueError, TypeError):
+        return None
+
+
+def _from_result(result: object) -> Decision:
+    if not isinstance(result, AgentResult):
+        return _failure(
+            RunStatus.FAILED,
+            "agent_error",
+            f"the agent returned {_describe(result)}, not an AgentResult",
+        )
+    status = _status(result)
+    if status not in _RESULT_STATUSES:
+        shown = status.value if status is not None else _describe(result.status)
+        why = " without a cancel request" if status == RunStatus.CANCELLED else ""
+        return _failure(
+            RunStatus.FAILED,
+            "agent_error",
+            f"the agent returned status {shown}{why}; an agent ends a run completed, failed "
+            f"or interrupted (its error: {_describe(result.error_type)}: "
+            f"{_describe(result.error_message)})",
+        )
+    if status == RunStatus.COMPLETED:
+        return Decision(RunStatus.COMPLETED)
+    return _failure(status, result.error_type, result.error_message)
+
+
+def _failure(status: RunStatus, error_type: object, error_message: object) -> Decision:
+    kept_type, kept_message = check.agent_error(error_type, error_message)
+    return Decision(status, kept_type, kept_message)
+
+
+def _describe(value: object) -> str:
+    if value is None or isinstance(value, str):
+        return repr(value) if value is None else value
+    try:
+        text = repr(value)
+    except BaseException:  # an agent's object may fail to print itself
+        text = f"<{type(value).__name__} that cannot be printed>"
+    return f"{type(value).__name__} {text}"[:500]

@@ -1,0 +1,103 @@
+"""The agent protocol: `agent(run, ctx) -> AgentResult`, run in the thread that claimed the run."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agent_runs.models import AgentRun, RunStatus, manifest_fingerprint
+from agent_runs.repository import AgentRunRepository
+from agent_runs.worker.heartbeat import Lease
+
+if TYPE_CHECKING:
+    from agent_runs.worker.runtime import Worker
+
+
+@dataclass(frozen=True, slots=True)
+class AgentResult:
+    """How an agent's execution ended; build it with one of the class methods."""
+
+    status: RunStatus
+    error_type: str | None = None
+    error_message: str | None = None
+
+    @classmethod
+    def completed(cls) -> AgentResult:
+        return cls(RunStatus.COMPLETED)
+
+    @classmethod
+    def failed(cls, error_type: str, message: str) -> AgentResult:
+        return cls(RunStatus.FAILED, error_type, message)
+
+    @classmethod
+    def interrupted(cls, error_type: str, message: str) -> AgentResult:
+        return cls(RunStatus.INTERRUPTED, error_type, message)
+
+
+class RunContext:
+    """What an executing agent sees of its run: identity, stop requests, manifest recording."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        run: AgentRun,
+        lease: Lease,
+        attempt_no: int,
+        stop: threading.Event | None,
+    ) -> None:
+        self._worker = worker
+        self._lease = lease
+        self._stop = stop
+        self.run_id = run.id
+        self.attempt_no = attempt_no
+        self.worker_id = lease.worker_id
+        self.lease_seconds = lease.lease_seconds
+
+    def stop_reason(self) -> str | None:
+        """Why the agent should stop (`cancel_requested`, `lease_lost`, `shutdown`), or None."""
+        if self._lease.cancel_requested:
+            return "cancel_requested"
+        if self._lease.lost or self._lease.expired():
+            return "lease_lost"
+        if self._worker.stopping or (self._stop is not None and self._stop.is_set()):
+            return "shutdown"
+        return None
+
+    def should_stop(self) -> bool:
+        """True once the run is cancelled, its lease is lost, or the worker is shutting down."""
+        return self.stop_reason() is not None
+
+    def wait(self, seconds: float, *, tick: float = 0.05) -> bool:
+        """Sleep up to `seconds`, waking early when the agent should stop; True if it should."""
+        end = time.monotonic() + seconds
+        while not self.should_stop():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(tick, left))
+        return True
+
+    def stop_heartbeat(self) -> None:
+        """Stop renewing this run's lease (it then expires); the worker no longer vouches for it."""
+        self._worker.heartbeat.stop_renewing(self._lease)
+
+    def record_manifest(self, manifest: dict[str, Any]) -> bool:
+        """Record the run's write-once manifest; False if one was already recorded.
+
+        Raises NotLeaseOwner when the repository refuses (the run is not ours, or not running)
+        and LeaseLost when the database stays unreachable until the lease can no longer be proven.
+        """
+        fingerprint = manifest_fingerprint(manifest)
+
+        def write(repo: AgentRunRepository) -> bool:
+            return repo.record_run_manifest(
+                self.run_id, manifest=manifest, fingerprint=fingerprint, worker_id=self.worker_id
+            ).changed
+
+        return self._worker.with_lease_retry(self._lease, write, "record the manifest")
+
+
+Agent = Callable[[AgentRun, RunContext], AgentResult]

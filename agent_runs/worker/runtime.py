@@ -1,0 +1,359 @@
+"""The Worker: claim a run, execute its agent under a heartbeat, have the end written.
+
+One `Worker` per process. Any number of threads may call `run_once()`/`run_forever()` on it;
+they share its pool, its heartbeat thread (one `renew_leases` per round for every lease the
+process holds) and its wake-up listener (one LISTEN connection per process). A worker only
+writes for a run while it can prove its lease: a refused renewal means the lease is lost (write
+nothing), and a lease whose renewals kept failing until its expiry by the worker's own monotonic
+clock is dropped (write nothing; the reconciler converges it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from types import TracebackType
+from typing import TypeVar
+
+from psycopg_pool import ConnectionPool, PoolClosed
+
+from agent_runs import validation as check
+from agent_runs.errors import DB_ERRORS, LeaseLost
+from agent_runs.models import AgentRun, RunStatus
+from agent_runs.notify import Wakeups
+from agent_runs.repository import AgentRunRepository
+from agent_runs.worker.backoff import Backoff
+from agent_runs.worker.completer import Completer
+from agent_runs.worker.connection import connection
+from agent_runs.worker.heartbeat import HeartbeatService, Lease
+from agent_runs.worker.outcome import CANCELLED, RELEASE, Ending, decide
+from agent_runs.worker.protocol import Agent, RunContext
+from agent_runs.worker.text import one_line
+
+log = logging.getLogger("agent_runs.worker")
+
+T = TypeVar("T")
+
+# With wake-ups, idle claimers are woken at once by new runs; the poll only catches what a
+# notification could miss (while the listener reconnects), so it can be slow: 10 s keeps an idle
+# worker process at about 0.1 claim per second per thread.
+LISTENING_POLL_SECONDS = 10.0
+
+# Longest single sleep of an idle claimer, so that a `stop` event set by the caller (without
+# request_stop) is seen promptly even while it waits for a wake-up.
+_IDLE_SLICE_SECONDS = 1.0
+
+
+class Worker:
+    """Claims runs and executes them with `agent`; see agent_runs.worker.outcome for how an
+    execution's end is decided and agent_runs.worker.completer for how it is written."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        agent: Agent,
+        *,
+        name: str | None = None,
+        lease_seconds: float = 60,
+        heartbeat_seconds: float | None = None,
+        max_tries: int = 3,
+        poll_seconds: float | None = 1.0,
+        agent_slugs: Sequence[str] | None = None,
+        listen_dsn: str | None = None,
+    ) -> None:
+        if name is None:
+            name = f"{socket.gethostname()}-{os.getpid()}"[: check.MAX_WORKER_NAME_LENGTH]
+        self.pool = pool
+        self.agent = agent
+        self.name = check.worker_name(name)
+        self.lease_seconds = check.lease_seconds(lease_seconds)
+        self.heartbeat_seconds = check.heartbeat_seconds(
+            self.lease_seconds / 3 if heartbeat_seconds is None else heartbeat_seconds,
+            self.lease_seconds,
+        )
+        self.max_tries = check.max_tries(max_tries)
+        self.listen_dsn = listen_dsn
+        if poll_seconds is None:  # with wake-ups the poll is only a safety net
+            poll_seconds = LISTENING_POLL_SECONDS if listen_dsn else 1.0
+        self.poll_seconds = check.poll_seconds(poll_seconds)
+        self.agent_slugs = check.agent_slugs(agent_slugs)
+        # How long one database call may wait for a pooled connection (a reconnect included).
+        self.connection_timeout = max(1.0, min(5.0, self.lease_seconds / 2))
+        self.heartbeat = HeartbeatService(
+            pool,
+            lease_seconds=self.lease_seconds,
+            interval=self.heartbeat_seconds,
+            timeout=self.connection_timeout,
+        )
+        self.completer = Completer(
+            self.repository,
+            lease_seconds=self.lease_seconds,
+            retry_cap=max(0.2, self.heartbeat_seconds),
+        )
+        # 0 while all is well; non-zero once an agent asked the process to exit.
+        self.exit_code = 0
+        self._stopping = threading.Event()
+        self._reconcile_lock = threading.Lock()
+        self._next_reconcile = 0.0
+        self._wakeups_lock = threading.Lock()
+        self._wakeups: Wakeups | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def request_stop(self) -> None:
+        """Stop claiming and ask every executing agent to stop (SIGTERM/SIGINT)."""
+        self._stopping.set()
+        wakeups = self._wakeups
+        if wakeups is not None:
+            wakeups.interrupt()
+
+    def close(self) -> None:
+        """Stop the heartbeat thread and the wake-up listener. The pool belongs to the caller."""
+        self.heartbeat.close()
+        with self._wakeups_lock:
+            wakeups, self._wakeups = self._wakeups, None
+        if wakeups is not None:
+            wakeups.close()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def new_owner_token(self) -> str:
+        """A fresh owner token per claim: a restarted worker never inherits an old lease."""
+        return f"{self.name}:{uuid.uuid4().hex}"
+
+    @contextmanager
+    def repository(self) -> Iterator[AgentRunRepository]:
+        with connection(self.pool, timeout=self.connection_timeout) as conn:
+            yield AgentRunRepository(conn)
+
+    # -- loops -----------------------------------------------------------------------------
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """Claim and execute runs until `stop` is set or `request_stop()` is called.
+
+        Idle, it waits for a wake-up (when listening) or the poll interval. Reconciles expired
+        leases every lease_seconds/2 (one thread per worker does it). Database failures are
+        logged and retried with capped exponential back-off; they never end the loop.
+        """
+        wakeups = self._listen()
+        backoff = Backoff()
+        while not (stop.is_set() or self.stopping):
+            try:
+                self.maybe_reconcile()
+                run = self.run_once(stop=stop)
+            except PoolClosed:
+                log.info("pool closed; worker loop ends")
+                return
+            except (KeyboardInterrupt, SystemExit):
+                return  # an agent stopped the process: its fact is written, the worker stops
+            except DB_ERRORS as exc:
+                delay = backoff.next_delay()
+                log.warning("database unavailable (%s); retrying in %.1fs", one_line(exc), delay)
+                stop.wait(delay)
+                continue
+            except Exception:  # a bug must not end a long-lived worker; it is logged loudly
+                delay = backoff.next_delay()
+                log.exception("worker loop error; retrying in %.1fs", delay)
+                stop.wait(delay)
+                continue
+            backoff.reset()
+            if run is None:
+                self._idle(stop, wakeups)
+
+    def _idle(self, stop: threading.Event, wakeups: Wakeups | None) -> None:
+        """Wait until a wake-up, the poll interval, or a stop request."""
+        deadline = time.monotonic() + self.poll_seconds
+        while not (stop.is_set() or self.stopping):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if wakeups is None:
+                stop.wait(min(left, _IDLE_SLICE_SECONDS))
+            elif wakeups.wait(min(left, _IDLE_SLICE_SECONDS)):
+                return
+
+    def _listen(self) -> Wakeups | None:
+        """The process's wake-up listener, started by the first loop that needs it."""
+        if self.listen_dsn is None:
+            return None
+        with self._wakeups_lock:
+            if self._wakeups is None and not self.stopping:
+                self._wakeups = Wakeups(
+                    self.listen_dsn,
+                    agent_slugs=self.agent_slugs,
+                    connect_kwargs={"connect_timeout": 5},
+                )
+                self._wakeups.start()
+            return self._wakeups
+
+    def maybe_reconcile(self) -> list[AgentRun]:
+        """Run `reconcile_expired_leases` if lease_seconds/2 passed since the last time."""
+        with self._reconcile_lock:
+            now = time.monotonic()
+            if now < self._next_reconcile:
+                return []
+            self._next_reconcile = now + self.lease_seconds / 2
+        try:
+            with self.repository() as repo:
+                converged = repo.reconcile_expired_leases()
+        except DB_ERRORS as exc:
+            log.warning("reconcile skipped: %s", one_line(exc))
+            return []
+        for run in converged:
+            log.info("reconciled run %s: lease expired, now %s", run.id, run.status)
+        return converged
+
+    def run_once(self, *, stop: threading.Event | None = None) -> AgentRun | None:
+        """Claim the next run and execute it; the run as it ended, or None if none was claimable.
+
+        Raises database errors of the claim itself (nothing is held then); failures after the
+        claim are handled here under the lease rules. A KeyboardInterrupt raised by the agent is
+        re-raised once its fact is written.
+        """
+        if self.stopping:
+            return None
+        token = self.new_owner_token()
+        claimed_at: float | None = None
+        try:
+            with self.repository() as repo:
+                # Taken after the checkout (which may wait out an outage) and before the claim
+                # is sent: the lease cannot start earlier in the database. Conservative.
+                claimed_at = time.monotonic()
+                run = repo.claim_next(
+                    worker_id=token, lease_seconds=self.lease_seconds, agent_slugs=self.agent_slugs
+                )
+        except DB_ERRORS:
+            if claimed_at is None:  # no connection: the claim was never sent
+                raise
+            # The claim may have committed although its reply was lost: find it by our token
+            # while its lease can still be live, rather than leave it to expire unexecuted.
+            run = self._find_claim_in_doubt(token, deadline=claimed_at + self.lease_seconds)
+            if run is None:
+                raise
+            log.warning("run %s: claim reply was lost; found it by its owner token", run.id)
+        if run is None:
+            return None
+        lease = self.heartbeat.track(run.id, token, deadline=claimed_at + self.lease_seconds)
+        try:
+            return self._execute(run, lease, stop)
+        finally:
+            self.heartbeat.untrack(lease)
+
+    def _find_claim_in_doubt(self, token: str, *, deadline: float) -> AgentRun | None:
+        backoff = Backoff(cap=max(0.2, self.heartbeat_seconds))
+        while time.monotonic() < deadline:
+            try:
+                with self.repository() as repo:
+                    return repo.get_run_by_owner(token)
+            except DB_ERRORS:
+                time.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
+        return None
+
+    # -- one run ---------------------------------------------------------------------------
+
+    def _execute(self, run: AgentRun, lease: Lease, stop: threading.Event | None) -> AgentRun:
+        tag = f"run {run.id} ({lease.worker_id})"
+        try:
+            attempt_no = self.with_lease_retry(lease, _own_attempt_no(run.id, lease), "read")
+        except LeaseLost:
+            log.warning("%s: lease lost before the agent started; writing nothing", tag)
+            return self.completer.reread(run)
+        if attempt_no is None:
+            lease.lost = True
+            log.warning("%s: no open attempt of ours after the claim; writing nothing", tag)
+            return self.completer.reread(run)
+        tag = f"run {run.id} attempt {attempt_no} ({lease.worker_id})"
+
+        if run.status == RunStatus.CANCEL_REQUESTED:
+            log.info("%s: claimed with a cancel request; finishing cancelled", tag)
+            return self.completer.finish(run, lease, CANCELLED, tag)
+
+        ctx = RunContext(self, run, lease, attempt_no, stop)
+        if ctx.stop_reason() == "shutdown":  # stopped between the claim and the start
+            log.info("%s: shutting down before the agent started; releasing", tag)
+            return self.completer.finish(run, lease, RELEASE, tag)
+        log.info("%s: started (agent slug %s)", tag, run.agent_slug)
+        ending = _call(self.agent, run, ctx)
+        if ending.stops_worker:
+            self.exit_code = 1
+            self.request_stop()
+            log.error(
+                "%s: the agent raised %s; the worker stops", tag, type(ending.raised).__name__
+            )
+
+        if lease.lost:
+            log.warning("%s: lease lost during execution; writing nothing", tag)
+            ended = self.completer.reread(run)
+        elif lease.expired() and not lease.heartbeat_stopped:
+            log.warning("%s: lease could not be proven until its expiry; dropping the run", tag)
+            ended = self.completer.reread(run)
+        else:
+            decision = decide(
+                ending,
+                stop_reason=ctx.stop_reason(),
+                attempt_no=attempt_no,
+                max_tries=self.max_tries,
+            )
+            ended = self.completer.finish(run, lease, decision, tag)
+        if isinstance(ending.raised, KeyboardInterrupt):
+            raise ending.raised
+        return ended
+
+    def with_lease_retry(
+        self, lease: Lease, call: Callable[[AgentRunRepository], T], what: str
+    ) -> T:
+        """Run `call` with a pooled repository, retrying database failures while the lease holds."""
+        backoff = Backoff(cap=max(0.2, self.heartbeat_seconds))
+        while True:
+            if not lease.provable():
+                raise LeaseLost(f"run {lease.run_id}: lease owner {lease.worker_id} lost its lease")
+            try:
+                with self.repository() as repo:
+                    return call(repo)
+            except DB_ERRORS as exc:
+                delay = backoff.next_delay()
+                log.warning(
+                    "run %s: could not %s (%s); retrying in %.1fs",
+                    lease.run_id,
+                    what,
+                    one_line(exc),
+                    delay,
+                )
+                time.sleep(delay)
+
+
+def _call(agent: Agent, run: AgentRun, ctx: RunContext) -> Ending:
+    """Run the agent; whatever it returns or raises becomes an Ending (nothing escapes)."""
+    try:
+        return Ending(returned=agent(run, ctx))
+    except BaseException as exc:  # every way an agent can end is a fact to record
+        return Ending(raised=exc)
+
+
+def _own_attempt_no(run_id: str, lease: Lease) -> Callable[[AgentRunRepository], int | None]:
+    def read(repo: AgentRunRepository) -> int | None:
+        attempt = repo.get_open_attempt(run_id)
+        if attempt is None or attempt.worker_id != lease.worker_id:
+            return None
+        return attempt.attempt_no
+
+    return read
