@@ -13,9 +13,12 @@ from agent_runs.models import (
     Transition,
     manifest_fingerprint,
 )
+from agent_runs.notify import CLAIMABLE_CHANNEL, FINISHED_CHANNEL, wait_for_run
 from agent_runs.repository import AgentRunRepository
 
 __all__ = [
+    "CLAIMABLE_CHANNEL",
+    "FINISHED_CHANNEL",
     "AgentRun",
     "AgentRunRepository",
     "AgentRunsError",
@@ -30,4 +33,5 @@ __all__ = [
     "connect",
     "create_pool",
     "manifest_fingerprint",
+    "wait_for_run",
 ]
