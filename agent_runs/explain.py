@@ -1,5 +1,8 @@
 """Explain a run's current status from its attempt facts, or say exactly what does not fit.
 
+Every value from a user or an agent (ids, owner tokens, errors) is escaped
+(agent_runs.display.escape): the explanation is always one line of visible text.
+
 Strict on purpose: every rule below is a state the repository's transitions can produce, and
 anything else is reported unexplained (the chaos suite counts those and expects zero).
 """
@@ -11,6 +14,7 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Final, NamedTuple
 
+from agent_runs.display import escape
 from agent_runs.models import AgentRun, AttemptOutcome, RunAttempt, RunStatus
 
 LEGACY: Final = "legacy: no facts recorded"
@@ -53,13 +57,13 @@ def _shape_problem(run: AgentRun) -> str | None:
         if run.finished_at is None:
             return "a terminal run has no finished_at"
         if run.worker_id is not None:
-            return f"a terminal run still has an owner ({run.worker_id})"
+            return f"a terminal run still has an owner ({escape(run.worker_id)})"
     elif run.finished_at is not None:
         return f"a non-terminal run has finished_at {_ts(run.finished_at)}"
     if run.status == RunStatus.RUNNING and run.worker_id is None:
         return "a running run has no owner"
     if run.status == RunStatus.PENDING and run.worker_id is not None:
-        return f"a pending run has an owner ({run.worker_id})"
+        return f"a pending run has an owner ({escape(run.worker_id)})"
     return None
 
 
@@ -69,7 +73,7 @@ def _history_problem(run: AgentRun, attempts: list[RunAttempt]) -> str | None:
         return f"attempt numbers are {numbers}, expected 1..{len(attempts)}"
     for attempt in attempts:
         if attempt.run_id != run.id:
-            return f"attempt {attempt.attempt_no} belongs to run {attempt.run_id}"
+            return f"attempt {attempt.attempt_no} belongs to run {escape(attempt.run_id)}"
         if (attempt.outcome is None) != (attempt.finished_at is None):
             return f"attempt {attempt.attempt_no} has only one of outcome and finished_at"
         if attempt.finished_at is not None and attempt.finished_at < attempt.started_at:
@@ -101,11 +105,11 @@ def _history_problem(run: AgentRun, attempts: list[RunAttempt]) -> str | None:
             return f"attempt {last.attempt_no} is still open on a {run.status} run"
         if run.worker_id != last.worker_id:
             return (
-                f"open attempt {last.attempt_no} belongs to {last.worker_id} "
-                f"but the run's owner is {run.worker_id}"
+                f"open attempt {last.attempt_no} belongs to {escape(last.worker_id)} "
+                f"but the run's owner is {escape(run.worker_id)}"
             )
     elif run.worker_id is not None:
-        return f"the run is owned by {run.worker_id} but no attempt is open"
+        return f"the run is owned by {escape(run.worker_id)} but no attempt is open"
     if run.finished_at and last.finished_at and last.finished_at > run.finished_at:
         return f"attempt {last.attempt_no} finished after the run did"
     return None
@@ -120,7 +124,7 @@ def _completed(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
     last = attempts[-1]
     if last.outcome != AttemptOutcome.COMPLETED:
         return _unexplained(run, f"last attempt {last.attempt_no} ended {last.outcome}")
-    return _ok(run, f"attempt {last.attempt_no} by {last.worker_id} completed it", attempts)
+    return _ok(run, f"attempt {last.attempt_no} by {escape(last.worker_id)} completed it", attempts)
 
 
 def _failed(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
@@ -135,7 +139,9 @@ def _failed(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
                 f"attempt {last.attempt_no} failed with {last.error_type!r} "
                 f"but the run with {run.error_type!r}",
             )
-        return _ok(run, f"attempt {last.attempt_no} by {last.worker_id} failed: {error}", attempts)
+        return _ok(
+            run, f"attempt {last.attempt_no} by {escape(last.worker_id)} failed: {error}", attempts
+        )
     if last.outcome == AttemptOutcome.LEASE_EXPIRED:
         if run.error_type != LEASE_EXPIRED_ERROR or last.error_type != LEASE_EXPIRED_ERROR:
             return _unexplained(
@@ -145,7 +151,7 @@ def _failed(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
             )
         return _ok(
             run,
-            f"attempt {last.attempt_no} by {last.worker_id} lost its lease "
+            f"attempt {last.attempt_no} by {escape(last.worker_id)} lost its lease "
             f"(last heartbeat {_ts(last.heartbeat_at)}) and the reconciler failed the run: "
             "result unknown, check side effects (at-least-once)",
             attempts,
@@ -168,7 +174,7 @@ def _cancelled(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
     if last.outcome == AttemptOutcome.CANCELLED:
         return _ok(
             run,
-            f"attempt {last.attempt_no} by {last.worker_id} stopped on the cancel request",
+            f"attempt {last.attempt_no} by {escape(last.worker_id)} stopped on the cancel request",
             attempts,
         )
     if last.outcome == AttemptOutcome.RETRY_RELEASED:
@@ -194,7 +200,9 @@ def _interrupted(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
         )
     error = _error(run.error_type, run.error_message)
     return _ok(
-        run, f"attempt {last.attempt_no} by {last.worker_id} was interrupted: {error}", attempts
+        run,
+        f"attempt {last.attempt_no} by {escape(last.worker_id)} was interrupted: {error}",
+        attempts,
     )
 
 
@@ -220,7 +228,7 @@ def _running(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
     last = attempts[-1]
     return _ok(
         run,
-        f"attempt {last.attempt_no} by {last.worker_id} holds the lease "
+        f"attempt {last.attempt_no} by {escape(last.worker_id)} holds the lease "
         f"until {_ts(run.lease_expires_at)}",
         attempts,
     )
@@ -233,7 +241,7 @@ def _cancel_requested(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
     if last.finished_at is None:
         return _ok(
             run,
-            f"attempt {last.attempt_no} by {last.worker_id} has yet to stop "
+            f"attempt {last.attempt_no} by {escape(last.worker_id)} has yet to stop "
             f"(lease until {_ts(run.lease_expires_at)})",
             attempts,
         )
@@ -272,13 +280,13 @@ def _ok(run: AgentRun, reason: str, attempts: list[RunAttempt]) -> Explanation:
 
 
 def _unexplained(run: AgentRun, problem: str) -> Explanation:
-    return Explanation(False, f"unexplained: {run.status} run {run.id}: {problem}")
+    return Explanation(False, f"unexplained: {run.status} run {escape(run.id)}: {problem}")
 
 
 def _error(error_type: str | None, message: str | None) -> str:
     if error_type and message:
-        return f"{error_type}: {' '.join(message.split())}"
-    return error_type or message or "no error recorded"
+        return f"{escape(error_type)}: {escape(message)}"
+    return escape(error_type or message or "no error recorded")
 
 
 def _ts(value: datetime | None) -> str:

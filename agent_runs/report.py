@@ -1,4 +1,8 @@
-"""Render a run and its attempt history: the table and JSON of `agent-runs attempts`."""
+"""Render a run and its attempt history: the table and JSON of `agent-runs attempts`.
+
+The table escapes every value from a user or an agent (agent_runs.display.escape), so each
+prints as one cell of visible text; the JSON keeps every value exact.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from agent_runs.display import escape
 from agent_runs.explain import Explanation
 from agent_runs.models import AgentRun, RunAttempt
 
@@ -39,15 +44,15 @@ def history_json(
 def render_history(run: AgentRun, attempts: Sequence[RunAttempt], explanation: Explanation) -> str:
     """The run in two lines, its attempts as a table, then the explanation line."""
     lines = [
-        f"run {run.id}  status {run.status}  agent {run.agent_slug}  thread {run.thread_id}  "
-        f"uid {run.uid}  type {run.run_type}",
+        f"run {escape(run.id)}  status {run.status}  agent {escape(run.agent_slug)}  "
+        f"thread {escape(run.thread_id)}  uid {escape(run.uid)}  type {escape(run.run_type)}",
         f"  created {_ts(run.created_at)}  started {_ts(run.started_at)}  "
         f"finished {_ts(run.finished_at)}",
     ]
     if run.error_type or run.error_message:
         lines.append(f"  error {_error(run.error_type, run.error_message, limit=200)}")
     if run.worker_id:
-        lines.append(f"  owner {run.worker_id}  lease until {_ts(run.lease_expires_at)}")
+        lines.append(f"  owner {escape(run.worker_id)}  lease until {_ts(run.lease_expires_at)}")
     lines.append("")
     if attempts:
         lines.extend(attempts_table(attempts))
@@ -62,7 +67,7 @@ def attempts_table(attempts: Sequence[RunAttempt]) -> list[str]:
     rows = [ATTEMPT_COLUMNS] + [
         (
             str(a.attempt_no),
-            a.worker_id,
+            escape(a.worker_id),
             _ts(a.started_at),
             _ts(a.finished_at) if a.finished_at else "(open)",
             _duration(a.started_at, a.finished_at),
@@ -101,5 +106,8 @@ def _duration(started: datetime, finished: datetime | None) -> str:
 def _error(error_type: str | None, message: str | None, *, limit: int) -> str:
     if not error_type and not message:
         return "-"
-    text = " ".join(f"{error_type or ''}: {message or ''}".strip(": ").split())
+    if error_type and message:
+        text = f"{escape(error_type)}: {escape(message)}"
+    else:
+        text = escape(error_type or message)
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,11 +1,29 @@
-"""Input checks that run before any SQL: a bad argument is refused by name, nothing is written."""
+"""Input checks that run before any SQL: a bad argument is refused by name, nothing is written.
+
+Limits (the schema enforces the same time window, see migrations/0003_timestamp_bounds.sql):
+
+- Identifiers (run_id, request_id, thread_id, uid, agent_slug, created_by_run_id): a str of
+  1-64 characters; worker_id 1-128. No NUL, no lone surrogates (text must encode as UTF-8).
+- Time window: every timestamp the module writes lies in [2000-01-01, 9000-01-01) UTC. A given
+  `now` must be timezone-aware (any offset Python accepts; it is converted to UTC here), and
+  `now` as well as `now + lease_seconds` must lie inside the window.
+- lease_seconds: a finite number, 0 < x <= 86400 (huge ints are refused, never overflow).
+- JSON (input_payload, manifest): an object of strict JSON: str keys, finite floats, ints of
+  fewer than 4,000 digits, no NUL and no lone surrogate in any key or string, at most 64
+  nested containers (checked iteratively: no recursion, whatever the depth of the input).
+- error_message is never refused but made storable (see `error_message`); error_type is
+  refused when invalid from a direct caller, and kept inside the message by `agent_error`.
+- Worker settings: name 1-95 characters (owner tokens are `name:` + 32 hex digits, <= 128),
+  heartbeat_seconds below lease_seconds, max_tries 1-1,000,000, poll_seconds 0 < x <= 3600.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any, Final
 
 from agent_runs.errors import InvalidArgument
@@ -13,11 +31,41 @@ from agent_runs.models import TERMINAL_STATUSES, RunStatus
 
 MAX_ID_LENGTH: Final = 64
 MAX_WORKER_ID_LENGTH: Final = 128
+# Owner tokens are f"{name}:{uuid4().hex}": the name leaves room for ":" and 32 hex digits.
+MAX_WORKER_NAME_LENGTH: Final = MAX_WORKER_ID_LENGTH - 33
 MAX_ERROR_TYPE_LENGTH: Final = 64
 MAX_ERROR_MESSAGE_LENGTH: Final = 8192
 MAX_LEASE_SECONDS: Final = 86400
+MAX_POLL_SECONDS: Final = 3600
+MAX_TRIES: Final = 1_000_000
+MAX_LIMIT: Final = 100_000
+MAX_JSON_DEPTH: Final = 64
+# Python refuses to print ints of more than 4,300 digits by default; jsonb would keep them,
+# but they could not be read back. One bound below both.
+MAX_JSON_INT: Final = 10**4000
+# The window of every timestamp the schema accepts: [TIME_MIN, TIME_MAX).
+TIME_MIN: Final = datetime(2000, 1, 1, tzinfo=UTC)
+TIME_MAX: Final = datetime(9000, 1, 1, tzinfo=UTC)
+INVALID_ERROR_TYPE: Final = "invalid_error_type"
 RUN_TYPES: Final = frozenset({"chat", "resume", "subagent"})
 _HEX = frozenset("0123456789abcdef")
+_REPLACEMENT: Final = "\ufffd"
+
+
+def _plain(value: str) -> str:
+    """A str subclass (an enum member, say) as the plain str it holds."""
+    return value if type(value) is str else str.__str__(value)
+
+
+def _encodable(value: str) -> bool:
+    """False when the text holds a surrogate code point (not valid Unicode, not storable)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _text(name: str, value: object, max_length: int) -> str:
@@ -29,7 +77,9 @@ def _text(name: str, value: object, max_length: int) -> str:
         raise InvalidArgument(f"{name} must be at most {max_length} characters, got {len(value)}")
     if "\x00" in value:
         raise InvalidArgument(f"{name} must not contain NUL characters")
-    return value
+    if not _encodable(value):
+        raise InvalidArgument(f"{name} must be valid Unicode (it holds a lone surrogate)")
+    return _plain(value)
 
 
 def identifier(name: str, value: object) -> str:
@@ -49,33 +99,62 @@ def optional_worker_id(value: object) -> str | None:
     return None if value is None else worker_id(value)
 
 
-def lease_seconds(value: object) -> float:
+def _seconds(name: str, value: object, low: float, high: float) -> float:
+    """A finite number with low < value <= high, as a float (bool and huge ints refused)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgument(f"lease_seconds must be a number, got {type(value).__name__}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or not 0 < seconds <= MAX_LEASE_SECONDS:
-        raise InvalidArgument(
-            f"lease_seconds must be finite, > 0 and <= {MAX_LEASE_SECONDS}, got {value!r}"
-        )
+        raise InvalidArgument(f"{name} must be a number, got {type(value).__name__}")
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = math.inf
+    if not math.isfinite(seconds) or not low < seconds <= high:
+        shown = f"{type(value).__name__} out of range" if seconds == math.inf else repr(seconds)
+        raise InvalidArgument(f"{name} must be finite, > {low:g} and <= {high:g}, got {shown}")
     return seconds
 
 
-def now(value: object) -> datetime | None:
-    """An injected clock must be timezone-aware; None means the database's now()."""
+def lease_seconds(value: object) -> float:
+    return _seconds("lease_seconds", value, 0, MAX_LEASE_SECONDS)
+
+
+def now(value: object, lease_seconds: float | None = None) -> datetime | None:
+    """An injected clock: timezone-aware, returned in UTC; None means the database's now().
+
+    `now` and, when `lease_seconds` (already checked) is given, `now + lease_seconds` must lie
+    in [TIME_MIN, TIME_MAX), the window the schema accepts.
+    """
     if value is None:
         return None
     if not isinstance(value, datetime):
         raise InvalidArgument(f"now must be a datetime or None, got {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
+    try:
+        offset = value.utcoffset()
+    except Exception as exc:  # a broken tzinfo: its own error, named
+        raise InvalidArgument(f"now has a tzinfo that fails: {exc!r}") from None
+    if offset is None:
         raise InvalidArgument("now must be timezone-aware (naive datetimes are ambiguous)")
-    return value
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidArgument(f"now must lie in [{TIME_MIN}, {TIME_MAX}) UTC") from None
+    if not TIME_MIN <= utc < TIME_MAX:
+        raise InvalidArgument(f"now must lie in [{TIME_MIN}, {TIME_MAX}) UTC, got {utc}")
+    if lease_seconds is not None and utc + timedelta(seconds=lease_seconds) >= TIME_MAX:
+        raise InvalidArgument(
+            f"now + lease_seconds must be before {TIME_MAX} UTC, got now {utc} "
+            f"and lease_seconds {lease_seconds!r}"
+        )
+    # A plain datetime: psycopg sends exactly this instant, whatever the subclass.
+    return datetime(
+        utc.year, utc.month, utc.day, utc.hour, utc.minute, utc.second, utc.microsecond, UTC
+    )
 
 
 def terminal_status(value: object) -> RunStatus:
     try:
         status = RunStatus(value) if isinstance(value, str) else RunStatus(repr(value))
     except ValueError:
-        raise InvalidArgument(f"status must be a run status, got {value!r}") from None
+        raise InvalidArgument(f"status must be a run status, got {_shown(value)}") from None
     if status not in TERMINAL_STATUSES:
         terminal = ", ".join(sorted(TERMINAL_STATUSES))
         raise InvalidArgument(f"status must be terminal ({terminal}), got {status.value!r}")
@@ -88,55 +167,196 @@ def error_type(value: object) -> str | None:
     return _text("error_type", value, MAX_ERROR_TYPE_LENGTH)
 
 
+def _storable(text: str) -> str:
+    """Text PostgreSQL can store: surrogate pairs joined, lone surrogates and NUL -> U+FFFD."""
+    text = _plain(text)
+    if not _encodable(text):
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text.replace("\x00", _REPLACEMENT)
+
+
+def _str_of(value: object) -> str:
+    """str(value), or a description of it when its __str__ itself fails."""
+    if isinstance(value, str):
+        return value
+    try:
+        text = str(value)
+        if isinstance(text, str):
+            return text
+    except Exception as exc:
+        return f"<unprintable {type(value).__name__}: __str__ raised {type(exc).__name__}>"
+    return f"<unprintable {type(value).__name__}>"  # pragma: no cover - str() returns a str
+
+
+def _shown(value: object, limit: int = 200) -> str:
+    """repr(value) for a message, made storable and short; never raises."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<unrepresentable {type(value).__name__}>"
+    text = _storable(text)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def error_message(value: object) -> str | None:
-    """Never refused: a failure fact is kept, cleaned (NUL -> U+FFFD) and cut with a marker."""
+    """Never refused: a failure fact is kept, made storable and cut with a marker.
+
+    Not a str: its str(). Lone surrogates and NUL become U+FFFD; over 8,192 characters, the
+    first 8,192 are kept followed by ` … [truncated N characters]` (N characters cut).
+    """
     if value is None:
         return None
-    text = (value if isinstance(value, str) else str(value)).replace("\x00", "\ufffd")
+    text = _storable(_str_of(value))
     if len(text) > MAX_ERROR_MESSAGE_LENGTH:
         cut = len(text) - MAX_ERROR_MESSAGE_LENGTH
         text = f"{text[:MAX_ERROR_MESSAGE_LENGTH]} … [truncated {cut} characters]"
     return text
 
 
+def agent_error(error_type_: object, error_message_: object) -> tuple[str | None, str | None]:
+    """(error_type, error_message) from an agent, storable whatever they are; nothing is lost.
+
+    A valid error_type is kept; an invalid one (not a str, empty, too long, NUL, lone
+    surrogates) becomes `invalid_error_type`, its repr leading the message.
+    """
+    try:
+        return error_type(error_type_), error_message(error_message_)
+    except InvalidArgument as exc:
+        reason = str(exc)
+    try:
+        shown = repr(error_type_)
+    except Exception:
+        shown = f"<unrepresentable {type(error_type_).__name__}>"
+    head = f"error_type {shown} was not storable ({reason})"
+    if error_message_ is None:
+        return INVALID_ERROR_TYPE, error_message(head)
+    return INVALID_ERROR_TYPE, error_message(f"{head}: {_str_of(error_message_)}")
+
+
 def fingerprint(value: object) -> str:
     if not isinstance(value, str) or len(value) != 64 or not _HEX.issuperset(value):
         raise InvalidArgument("fingerprint must be 64 lowercase hex characters (SHA-256)")
-    return value
+    return _plain(value)
+
+
+def _scalar(name: str, value: object, as_stored: bool) -> object:
+    """A JSON scalar as a plain value; `as_stored`: numbers as jsonb gives them back."""
+    if value is None or value is True or value is False:
+        return value
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidArgument(f"{name} must be strict JSON: a string holds NUL (\\u0000)")
+        if not _encodable(value):
+            raise InvalidArgument(f"{name} must be strict JSON: a string holds a lone surrogate")
+        return _plain(value)
+    if isinstance(value, int):
+        if not -MAX_JSON_INT < value < MAX_JSON_INT:
+            raise InvalidArgument(f"{name} must be strict JSON: an int has 4,000 digits or more")
+        return int(value)
+    if isinstance(value, float):
+        number = float(value)
+        if not math.isfinite(number):
+            raise InvalidArgument(f"{name} must be strict JSON: {number!r} is not a JSON number")
+        if as_stored:
+            return _as_jsonb(number)
+        return number
+    raise InvalidArgument(
+        f"{name} must be strict JSON: a value of type {type(value).__name__} is not JSON"
+    )
+
+
+def _as_jsonb(number: float) -> float | int:
+    """The number json.loads makes of jsonb's text for `number` (jsonb stores the decimal
+    json.dumps writes, exactly, and prints it without exponent and without a negative zero)."""
+    text = repr(number)
+    if "e+" in text:  # >= 1e16: printed as digits without a point, read back as an int
+        return int(Decimal(text))
+    return 0.0 if number == 0 else number
+
+
+def json_document(name: str, value: object, *, as_stored: bool = False) -> dict[str, Any]:
+    """`value` as a plain dict of strict JSON (see the module doc), checked without recursion.
+
+    Mappings become dicts, tuples lists, str/int/float subclasses plain values. With
+    `as_stored`, numbers are the ones a jsonb round trip gives back.
+    """
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"{name} must be a JSON object (dict), got {type(value).__name__}")
+    root: dict[str, Any] = {}
+    # (source container, its plain copy, depth of the source)
+    stack: list[tuple[Mapping[Any, Any] | list[Any] | tuple[Any, ...], Any, int]] = [
+        (value, root, 1)
+    ]
+    while stack:
+        source, copy, depth = stack.pop()
+        is_object = isinstance(source, Mapping)
+        items: Iterable[tuple[Any, Any]]
+        items = source.items() if isinstance(source, Mapping) else enumerate(source)
+        key: Any
+        for key, child in items:
+            if is_object:
+                if not isinstance(key, str):
+                    raise InvalidArgument(
+                        f"{name} must be strict JSON: key {_shown(key, 60)} is not a string"
+                    )
+                if "\x00" in key or not _encodable(key):
+                    raise InvalidArgument(
+                        f"{name} must be strict JSON: a key holds NUL or a lone surrogate"
+                    )
+            if isinstance(child, Mapping | list | tuple):
+                if depth >= MAX_JSON_DEPTH:
+                    raise InvalidArgument(
+                        f"{name} must nest at most {MAX_JSON_DEPTH} objects/arrays deep"
+                    )
+                inner: dict[str, Any] | list[Any] = {} if isinstance(child, Mapping) else []
+                stack.append((child, inner, depth + 1))
+                child_copy: object = inner
+            else:
+                child_copy = _scalar(name, child, as_stored)
+            if is_object:
+                copy[_plain(key)] = child_copy
+            else:
+                copy.append(child_copy)
+    return root
 
 
 def json_object(name: str, value: object) -> dict[str, Any]:
-    """A dict that serializes to strict JSON (no NaN/Infinity, which jsonb refuses)."""
-    if not isinstance(value, Mapping):
-        raise InvalidArgument(f"{name} must be a JSON object (dict), got {type(value).__name__}")
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(f"{name} must be JSON-serializable: {exc}") from None
-    return dict(value)
+    """A dict of strict JSON (no NaN/Infinity, NUL or lone surrogates, which jsonb refuses)."""
+    return json_document(name, value)
+
+
+def canonical_json(manifest: object) -> str:
+    """The canonical JSON text of a manifest as it reads back from jsonb (see the fingerprint)."""
+    stored = json_document("manifest", manifest, as_stored=True)
+    return json.dumps(stored, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def run_type(value: object) -> str:
-    if value not in RUN_TYPES:
-        raise InvalidArgument(f"run_type must be one of {sorted(RUN_TYPES)}, got {value!r}")
-    return str(value)
+    if not isinstance(value, str) or value not in RUN_TYPES:
+        raise InvalidArgument(f"run_type must be one of {sorted(RUN_TYPES)}, got {_shown(value)}")
+    return _plain(value)
 
 
-def agent_slugs(value: object) -> list[str] | None:
+def agent_slugs(value: object, name: str = "agent_slugs") -> list[str] | None:
+    """None (every agent) or a non-empty collection of agent slugs; a lone str is refused."""
     if value is None:
         return None
-    if isinstance(value, str) or not isinstance(value, Iterable):
-        raise InvalidArgument("agent_slugs must be a list of agent slugs or None")
-    slugs = [identifier("agent_slugs", slug) for slug in value]
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise InvalidArgument(
+            f"{name} must be a list of agent slugs or None, got {type(value).__name__}"
+        )
+    slugs = [identifier(name, slug) for slug in value]
     if not slugs:
-        raise InvalidArgument("agent_slugs must not be empty (use None for every agent)")
+        raise InvalidArgument(f"{name} must not be empty (use None for every agent)")
     return slugs
 
 
 def limit(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
-        raise InvalidArgument(f"limit must be an integer from 1 to 100000, got {value!r}")
-    return value
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+        raise InvalidArgument(
+            f"limit must be an integer from 1 to {MAX_LIMIT}, got {_shown(value)}"
+        )
+    return int(value)
 
 
 def leases(value: object) -> tuple[list[str], list[str]]:
@@ -146,3 +366,33 @@ def leases(value: object) -> tuple[list[str], list[str]]:
     run_ids = [identifier("leases run_id", run_id) for run_id in value]
     worker_ids = [worker_id(owner, "leases worker_id") for owner in value.values()]
     return run_ids, worker_ids
+
+
+# -- worker settings ------------------------------------------------------------------------
+
+
+def worker_name(value: object) -> str:
+    """A worker's stable name: 1-95 characters, so that `name:<32 hex>` fits a worker_id."""
+    return _text("name", value, MAX_WORKER_NAME_LENGTH)
+
+
+def heartbeat_seconds(value: object, lease_seconds_: float) -> float:
+    """Seconds between renewals (lease_seconds already checked): 0 < x < lease_seconds."""
+    seconds = _seconds("heartbeat_seconds", value, 0, lease_seconds_)
+    if seconds >= lease_seconds_:
+        raise InvalidArgument(
+            f"heartbeat_seconds must be below lease_seconds ({lease_seconds_:g}), got {seconds:g}"
+        )
+    return seconds
+
+
+def max_tries(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TRIES:
+        raise InvalidArgument(
+            f"max_tries must be an integer from 1 to {MAX_TRIES}, got {_shown(value)}"
+        )
+    return int(value)
+
+
+def poll_seconds(value: object) -> float:
+    return _seconds("poll_seconds", value, 0, MAX_POLL_SECONDS)

@@ -16,7 +16,14 @@ from agent_runs.migrate import apply_migrations, rollback_migrations
 from agent_runs.sql import migrations_dir
 from tests.conftest import conninfo_to_url
 
-ALL = ["0001_agent_runs", "0002_agent_run_attempts"]
+ALL = [
+    "0001_agent_runs",
+    "0002_agent_run_attempts",
+    "0003_timestamp_bounds",
+    "0004_operator_indexes",
+]
+AFTER_0001 = ALL[1:]
+AFTER_0002 = ALL[2:]
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
 # The application's schema, as comparable text (yoyo's own bookkeeping tables left out).
@@ -102,6 +109,8 @@ def test_migrations_roll_back_one_by_one_to_zero_and_apply_again(blank_dsn: str)
     apply_migrations(blank_dsn)
     applied = schema(blank_dsn)
 
+    assert sorted(rollback_migrations(blank_dsn, count=len(AFTER_0002))) == AFTER_0002
+    assert not any("timestamps_in_range" in item for item in schema(blank_dsn))
     assert rollback_migrations(blank_dsn, count=1) == ["0002_agent_run_attempts"]
     assert relations(blank_dsn) == {"agent_runs"}
     assert not any(item.startswith(("function ", "trigger ")) for item in schema(blank_dsn))
@@ -120,11 +129,11 @@ def test_rolling_back_0002_keeps_the_runs_and_drops_their_history(blank_dsn: str
         repo = AgentRunRepository(conn)
         run = repo.create_run(thread_id="t", agent_slug="a", uid="u", request_id="r")
         assert repo.mark_running(run.id, worker_id="w", lease_seconds=30, now=T0).acquired
-    rollback_migrations(blank_dsn, count=1)
+    assert sorted(rollback_migrations(blank_dsn, count=len(AFTER_0001))) == AFTER_0001
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
         row = conn.execute("SELECT status, worker_id FROM agent_runs").fetchone()
     assert row == ("running", "w")
-    assert apply_migrations(blank_dsn) == ["0002_agent_run_attempts"]
+    assert sorted(apply_migrations(blank_dsn)) == AFTER_0001
     with agent_runs.connect(blank_dsn) as conn:
         assert AgentRunRepository(conn).list_run_attempts(run.id) == []
 
@@ -169,9 +178,9 @@ LEGACY_RUNS: list[dict[str, Any]] = [
 
 @pytest.fixture
 def legacy_dsn(blank_dsn: str) -> str:
-    """A database migrated to 0001 only, holding runs in every state, then migrated to 0002."""
+    """A database migrated to 0001 only, holding runs in every state (not migrated further)."""
     apply_migrations(blank_dsn)
-    assert rollback_migrations(blank_dsn, count=1) == ["0002_agent_run_attempts"]
+    assert sorted(rollback_migrations(blank_dsn, count=len(AFTER_0001))) == AFTER_0001
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
         for i, run in enumerate(LEGACY_RUNS):
             values = {
@@ -197,7 +206,7 @@ def _runs(url: str) -> list[dict[str, Any]]:
 
 def test_0002_on_a_database_with_legacy_runs_back_fills_nothing(legacy_dsn: str) -> None:
     before = _runs(legacy_dsn)
-    assert apply_migrations(legacy_dsn) == ["0002_agent_run_attempts"]
+    assert sorted(apply_migrations(legacy_dsn)) == AFTER_0001
     with psycopg.connect(legacy_dsn, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM agent_run_attempts").fetchone() == (0,)
     assert _runs(legacy_dsn) == before
