@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,8 +56,15 @@ def _names_used_by(node: ast.AST) -> set[str]:
 
 
 def _repository_tree() -> ast.Module:
-    source = inspect.getsource(inspect.getmodule(AgentRunRepository))  # type: ignore[arg-type]
-    return ast.parse(source)
+    """The modules of the repository class and of its mixins (agent_runs.operations)."""
+    names = dict.fromkeys(c.__module__ for c in AgentRunRepository.__mro__)
+    body = [
+        node
+        for name in names
+        if name.startswith("agent_runs")
+        for node in ast.parse(inspect.getsource(sys.modules[name])).body
+    ]
+    return ast.Module(body=body, type_ignores=[])
 
 
 def _methods() -> dict[str, ast.FunctionDef]:

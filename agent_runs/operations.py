@@ -1,0 +1,415 @@
+"""The operator's queries: list runs, cancel a run tree, statistics, retention.
+
+`OperatorQueries` is a mixin of `AgentRunRepository`: it runs its SQL through the repository's
+plumbing (`_execute`: one explicit transaction per call, a savepoint inside the caller's).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Final, LiteralString
+
+from agent_runs import validation as check
+from agent_runs.durations import MAX_DURATION
+from agent_runs.errors import InvalidArgument
+from agent_runs.models import AgentRun, RunStatus
+from agent_runs.sql import query
+from agent_runs.transport import Row, rows_of
+
+if TYPE_CHECKING:
+    import psycopg
+
+MAX_LIST_LIMIT: Final = 1000
+MAX_BATCH_SIZE: Final = 100_000
+DEFAULT_STUCK_AFTER: Final = timedelta(minutes=15)
+# How many error types and worker identities run_stats reports, the most frequent first.
+STATS_TOP: Final = 20
+_LIVE: Final = frozenset({RunStatus.PENDING, RunStatus.RUNNING})
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """A run as listed: the run, how many attempts it has, and its last attempt's owner."""
+
+    run: AgentRun
+    attempt_count: int
+    last_worker_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    """One worker identity's attempts finished in the window, by what became of them."""
+
+    worker: str
+    attempts: int
+    completions: int
+    failures: int
+    lease_losses: int
+    retries: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptDurations:
+    """Seconds from start to finish of the attempts finished in the window."""
+
+    p50: float
+    p95: float
+    max: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueueNow:
+    """The queue at the moment of the call, whatever the window."""
+
+    pending: int
+    oldest_pending_age: timedelta | None
+    running: int
+    expired_unreconciled: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunStats:
+    """run_stats: the window [window_start, now] (window_start None: all history)."""
+
+    window_start: datetime | None
+    now: datetime
+    runs_by_status: Mapping[str, int]
+    attempts_by_outcome: Mapping[str, int]
+    top_error_types: Mapping[str, int]
+    workers: tuple[WorkerStats, ...]
+    durations: AttemptDurations | None
+    queue: QueueNow
+
+
+@dataclass(frozen=True, slots=True)
+class PruneBatch:
+    """One batch of prune_finished_runs: what went (or would go, in a dry run)."""
+
+    runs: int
+    attempts: int
+    examined: int
+    cutoff: datetime
+
+
+def runs_cursor(run: AgentRun) -> str:
+    """The keyset cursor after `run`: pass it as `before` to get the next (older) page."""
+    raw = json.dumps([run.created_at.astimezone(UTC).isoformat(), run.id])
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(value: object) -> tuple[datetime, str]:
+    bad = InvalidArgument("before must be a cursor given by a previous page of runs")
+    if not isinstance(value, str) or not 0 < len(value) <= 512:
+        raise bad
+    try:
+        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+        created, run_id = json.loads(raw)
+        created_at = datetime.fromisoformat(created)
+    except (binascii.Error, ValueError, TypeError):
+        raise bad from None
+    if created_at.tzinfo is None or not isinstance(run_id, str):
+        raise bad
+    return created_at, check.identifier("before", run_id)
+
+
+def _run(row: Row) -> AgentRun:
+    from agent_runs.repository import _run as run_of  # the repository imports this module
+
+    return run_of(row)
+
+
+def _aware(name: str, value: datetime) -> datetime:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidArgument(f"{name} must be timezone-aware (naive datetimes are ambiguous)")
+    utc = value.astimezone(UTC)
+    if not check.TIME_MIN <= utc < check.TIME_MAX:
+        raise InvalidArgument(f"{name} must lie in [{check.TIME_MIN}, {check.TIME_MAX}) UTC")
+    return utc
+
+
+def _span(name: str, value: object, *, allow_zero: bool = False) -> float:
+    """A timedelta as seconds: > 0 (or >= 0) and at most 100 years."""
+    if not isinstance(value, timedelta):
+        raise InvalidArgument(f"{name} must be a timedelta, got {type(value).__name__}")
+    if value < timedelta(0) or (value == timedelta(0) and not allow_zero) or value > MAX_DURATION:
+        low = ">= 0" if allow_zero else "> 0"
+        raise InvalidArgument(f"{name} must be {low} and at most {MAX_DURATION.days} days")
+    return value.total_seconds()
+
+
+def _since(value: object) -> tuple[datetime | None, float | None]:
+    """since: an aware datetime (since_at) or a timedelta back from now (since_seconds)."""
+    if value is None:
+        return None, None
+    if isinstance(value, datetime):
+        return _aware("since", value), None
+    if isinstance(value, timedelta):
+        return None, _span("since", value, allow_zero=True)
+    raise InvalidArgument(f"since must be an aware datetime or a timedelta, not {value!r}")
+
+
+def _statuses(value: object) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise InvalidArgument("statuses must be a collection of run statuses or None")
+    found: list[str] = []
+    for item in value:
+        try:
+            found.append(RunStatus(item).value)
+        except ValueError:
+            raise InvalidArgument(f"statuses: {item!r} is not a run status") from None
+    if not found:
+        raise InvalidArgument("statuses must not be empty (use None for every status)")
+    return found
+
+
+def _int(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgument(f"{name} must be an integer from {low} to {high}, got {value!r}")
+    return value
+
+
+def _bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _counts(rows: list[Row]) -> dict[str, int]:
+    return {str(row["key"]): int(row["n"]) for row in rows}
+
+
+class OperatorQueries:
+    """list_runs, request_cancel_tree, run_stats and prune_finished_runs of the repository."""
+
+    if TYPE_CHECKING:
+        conn: psycopg.Connection[Any]
+
+        def _execute(self, name: LiteralString, params: Mapping[str, Any]) -> list[Row]: ...
+
+        def request_cancel(
+            self, run_id: str, *, now: datetime | None = None
+        ) -> AgentRun | None: ...
+
+    # -- listing -------------------------------------------------------------------------
+
+    def list_runs(
+        self,
+        *,
+        statuses: Iterable[RunStatus | str] | None = None,
+        agent_slug: str | None = None,
+        thread_id: str | None = None,
+        uid: str | None = None,
+        worker: str | None = None,
+        since: datetime | timedelta | None = None,
+        stuck: bool = False,
+        stuck_after: timedelta = DEFAULT_STUCK_AFTER,
+        limit: int = 50,
+        before: str | None = None,
+        now: datetime | None = None,
+    ) -> list[AgentRun]:
+        """Runs newest first by (created_at, id), every given filter applied; `before` is the
+        cursor of the previous page's last run (`runs_cursor`). See `list_run_summaries`."""
+        return [
+            summary.run
+            for summary in self.list_run_summaries(
+                statuses=statuses,
+                agent_slug=agent_slug,
+                thread_id=thread_id,
+                uid=uid,
+                worker=worker,
+                since=since,
+                stuck=stuck,
+                stuck_after=stuck_after,
+                limit=limit,
+                before=before,
+                now=now,
+            )
+        ]
+
+    def list_run_summaries(
+        self,
+        *,
+        statuses: Iterable[RunStatus | str] | None = None,
+        agent_slug: str | None = None,
+        thread_id: str | None = None,
+        uid: str | None = None,
+        worker: str | None = None,
+        since: datetime | timedelta | None = None,
+        stuck: bool = False,
+        stuck_after: timedelta = DEFAULT_STUCK_AFTER,
+        limit: int = 50,
+        before: str | None = None,
+        now: datetime | None = None,
+    ) -> list[RunSummary]:
+        """list_runs with each run's attempt count and last attempt owner.
+
+        worker: runs with an attempt whose owner token, without its last ':' part, is exactly
+        this identity. stuck: live leases expired and not reconciled yet, and pending runs
+        created more than `stuck_after` ago.
+        """
+        since_at, since_seconds = _since(since)
+        before_created_at, before_id = (None, None) if before is None else _decode_cursor(before)
+        params = {
+            "statuses": _statuses(statuses),
+            "agent_slug": check.optional_identifier("agent_slug", agent_slug),
+            "thread_id": check.optional_identifier("thread_id", thread_id),
+            "uid": check.optional_identifier("uid", uid),
+            "worker": None if worker is None else check.worker_id(worker, "worker"),
+            "since_at": since_at,
+            "since_seconds": since_seconds,
+            "stuck": _bool("stuck", stuck),
+            "stuck_after_seconds": _span("stuck_after", stuck_after, allow_zero=True),
+            "limit": _int("limit", limit, 1, MAX_LIST_LIMIT),
+            "before_created_at": before_created_at,
+            "before_id": before_id,
+            "now": check.now(now),
+        }
+        rows = self._execute("list_runs", params)
+        return [
+            RunSummary(_run(row), int(row["attempt_count"]), row["last_worker_id"]) for row in rows
+        ]
+
+    # -- cancelling a tree ---------------------------------------------------------------
+
+    def request_cancel_tree(self, run_id: str, *, now: datetime | None = None) -> list[AgentRun]:
+        """request_cancel for the run and every run created by it, recursively (below terminal
+        runs too), in one transaction, each run under its own row lock. Returns the runs whose
+        status changed (parents first); InvalidArgument for an unknown run."""
+        params = {"run_id": check.identifier("run_id", run_id), "now": check.now(now)}
+        changed: list[AgentRun] = []
+        with self.conn.transaction():
+            cur = self.conn.cursor()
+            cur.execute(query("request_cancel_tree"), params, prepare=True)
+            tree = rows_of(cur)
+            if not tree:
+                raise InvalidArgument(f"run_id {run_id!r} is not an existing run")
+            for row in sorted(tree, key=lambda r: (r["created_at"], r["id"])):
+                if row["status"] in _LIVE:  # under our lock: a cancel request changes it
+                    run = self.request_cancel(row["id"], now=now)
+                    if run is not None:
+                        changed.append(run)
+        return changed
+
+    # -- statistics ----------------------------------------------------------------------
+
+    def run_stats(
+        self, *, since: datetime | timedelta | None = None, now: datetime | None = None
+    ) -> RunStats:
+        """Runs by final status, attempts by outcome, top error types, per worker identity,
+        attempt durations (all over the window since `since`, None: all history) and the
+        queue now."""
+        since_at, since_seconds = _since(since)
+        params = {
+            "since_at": since_at,
+            "since_seconds": since_seconds,
+            "now": check.now(now),
+            "top": STATS_TOP,
+        }
+        with self.conn.transaction():
+            cur = self.conn.cursor()
+
+            def rows(sql: LiteralString) -> list[Row]:
+                cur.execute(sql, params, prepare=True)
+                return rows_of(cur)
+
+            head = rows(query("run_stats"))[0]
+            by_status = _counts(rows(query("run_stats.runs")))
+            by_outcome = _counts(rows(query("run_stats.outcomes")))
+            errors = _counts(rows(query("run_stats.errors")))
+            workers = tuple(
+                WorkerStats(
+                    worker=row["worker"],
+                    attempts=int(row["attempts"]),
+                    completions=int(row["completions"]),
+                    failures=int(row["failures"]),
+                    lease_losses=int(row["lease_losses"]),
+                    retries=int(row["retries"]),
+                )
+                for row in rows(query("run_stats.workers"))
+            )
+        clock: datetime = head["now"].astimezone(UTC)
+        start: datetime | None = head["window_start"]
+        oldest: datetime | None = head["oldest_pending_created_at"]
+        durations = None
+        if head["duration_max"] is not None:
+            durations = AttemptDurations(
+                float(head["duration_p50"]),
+                float(head["duration_p95"]),
+                float(head["duration_max"]),
+            )
+        return RunStats(
+            window_start=None if start is None else start.astimezone(UTC),
+            now=clock,
+            runs_by_status=by_status,
+            attempts_by_outcome=by_outcome,
+            top_error_types=errors,
+            workers=workers,
+            durations=durations,
+            queue=QueueNow(
+                pending=int(head["pending"]),
+                oldest_pending_age=None if oldest is None else max(clock - oldest, timedelta(0)),
+                running=int(head["running"]),
+                expired_unreconciled=int(head["expired_unreconciled"]),
+            ),
+        )
+
+    # -- retention -----------------------------------------------------------------------
+
+    def prune_finished_runs(
+        self, *, older_than: timedelta, batch_size: int = 1000, now: datetime | None = None
+    ) -> int:
+        """Delete terminal runs finished before `now - older_than` (with their attempts), in
+        batches of at most `batch_size` trees, each batch its own short transaction that takes
+        only rows nobody holds. A run goes only together with every run created by it
+        (recursively): a tree with a live or recent member waits. Returns the runs deleted."""
+        return sum(
+            batch.runs
+            for batch in self.prune_batches(older_than=older_than, batch_size=batch_size, now=now)
+        )
+
+    def prune_batches(
+        self,
+        *,
+        older_than: timedelta,
+        batch_size: int = 1000,
+        now: datetime | None = None,
+        dry_run: bool = False,
+    ) -> Iterator[PruneBatch]:
+        """prune_finished_runs one batch at a time (for progress); dry_run deletes nothing and
+        yields what would go. The cutoff is fixed by the first batch."""
+        params: dict[str, Any] = {
+            "older_than_seconds": _span("older_than", older_than, allow_zero=True),
+            "batch_size": _int("batch_size", batch_size, 1, MAX_BATCH_SIZE),
+            "now": check.now(now),
+            "dry_run": _bool("dry_run", dry_run),
+            "cutoff": None,
+            "after_finished_at": None,
+            "after_id": None,
+        }
+        return self._prune(params)
+
+    def _prune(self, params: dict[str, Any]) -> Iterator[PruneBatch]:
+        while True:
+            [row] = self._execute("prune_finished_runs", params)
+            examined = int(row["examined"])
+            cutoff: datetime = row["cutoff"]
+            batch = PruneBatch(
+                runs=int(row["deleted"] if not params["dry_run"] else row["runs"]),
+                attempts=int(row["attempts"]),
+                examined=examined,
+                cutoff=cutoff.astimezone(UTC),
+            )
+            if examined:
+                yield batch
+            if examined < params["batch_size"]:
+                return
+            params["cutoff"] = cutoff
+            params["after_finished_at"] = row["last_finished_at"]
+            params["after_id"] = row["last_id"]

@@ -1,0 +1,42 @@
+-- list_runs: runs newest first by (created_at, id), one page of at most %(limit)s after the
+-- keyset cursor (before_created_at, before_id), filtered by any combination of: statuses, agent
+-- slug, thread, uid, worker identity (an attempt whose owner token, without its last ':' part,
+-- equals it), created since a time, and "stuck". A NULL filter matches every run.
+-- Stuck: a live lease that expired and is not reconciled yet (the reconciler's rule), or a
+-- pending run created more than stuck_after_seconds ago.
+-- Each run comes with its attempt count and the owner token of its last attempt.
+WITH page AS (
+    SELECT r.*
+    FROM agent_runs r
+    WHERE (r.created_at, r.id) < (coalesce(%(before_created_at)s::timestamptz, 'infinity'),
+                                  coalesce(%(before_id)s::text, ''))
+      AND (%(statuses)s::text[] IS NULL OR r.status = ANY (%(statuses)s::text[]))
+      AND (%(agent_slug)s::text IS NULL OR r.agent_slug = %(agent_slug)s::text)
+      AND (%(thread_id)s::text IS NULL OR r.thread_id = %(thread_id)s::text)
+      AND (%(uid)s::text IS NULL OR r.uid = %(uid)s::text)
+      AND r.created_at >= coalesce(
+              %(since_at)s::timestamptz,
+              coalesce(%(now)s::timestamptz, now())
+                  - make_interval(secs => %(since_seconds)s::float8),
+              '-infinity')
+      AND (%(worker)s::text IS NULL OR EXISTS (
+              SELECT FROM agent_run_attempts a
+              WHERE a.run_id = r.id
+                AND regexp_replace(a.worker_id, ':[^:]*$', '') = %(worker)s::text))
+      AND (NOT %(stuck)s::boolean
+           OR (r.status IN ('running', 'cancel_requested') AND r.worker_id IS NOT NULL
+               AND r.lease_expires_at <= coalesce(%(now)s::timestamptz, now()))
+           OR (r.status = 'cancel_requested' AND r.worker_id IS NULL
+               AND r.started_at IS NOT NULL)
+           OR (r.status = 'pending'
+               AND r.created_at <= coalesce(%(now)s::timestamptz, now())
+                   - make_interval(secs => %(stuck_after_seconds)s::float8)))
+    ORDER BY r.created_at DESC, r.id DESC
+    LIMIT %(limit)s
+)
+SELECT page.*,
+       (SELECT count(*) FROM agent_run_attempts a WHERE a.run_id = page.id) AS attempt_count,
+       (SELECT a.worker_id FROM agent_run_attempts a WHERE a.run_id = page.id
+        ORDER BY a.attempt_no DESC LIMIT 1) AS last_worker_id
+FROM page
+ORDER BY page.created_at DESC, page.id DESC

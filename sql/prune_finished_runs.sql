@@ -1,0 +1,69 @@
+-- prune_finished_runs, one batch (its own short transaction): delete whole trees of terminal
+-- runs (a root with no parent and every run created by it, recursively) whose every member
+-- finished before the cutoff; their attempts go with them (ON DELETE CASCADE).
+-- Roots are taken in (finished_at, id) order after the keyset (after_finished_at, after_id),
+-- at most %(batch_size)s, and only rows nobody holds (SKIP LOCKED), as are their descendants:
+-- a tree with a live, recent or held member stays whole, so lineage is never cut.
+-- The cutoff is now - older_than_seconds, or the given cutoff (the first batch's, reused).
+-- dry_run: count what would go, delete nothing.
+-- Returns one row: the cutoff, how many roots were examined and the last one's key (the next
+-- batch's keyset), and the runs and attempts deleted (or that would be).
+WITH RECURSIVE clock AS (
+    SELECT coalesce(%(cutoff)s::timestamptz,
+                    coalesce(%(now)s::timestamptz, now())
+                        - make_interval(secs => %(older_than_seconds)s::float8)) AS cutoff
+),
+roots AS (
+    SELECT r.id, r.finished_at
+    FROM agent_runs r
+    WHERE r.finished_at IS NOT NULL
+      AND r.finished_at < (SELECT cutoff FROM clock)
+      AND (r.finished_at, r.id) > (coalesce(%(after_finished_at)s::timestamptz, '-infinity'),
+                                   coalesce(%(after_id)s::text, ''))
+      AND r.created_by_run_id IS NULL
+      AND r.status IN ('completed', 'failed', 'cancelled', 'interrupted')
+    ORDER BY r.finished_at, r.id
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+),
+tree (root, id) AS (
+    SELECT roots.id, roots.id FROM roots
+    UNION
+    SELECT t.root, c.id FROM tree t JOIN agent_runs c ON c.created_by_run_id = t.id
+),
+-- Descendants that may go: terminal, finished before the cutoff, and not held by anyone.
+members AS (
+    SELECT r.id
+    FROM agent_runs r
+    WHERE r.id IN (SELECT t.id FROM tree t WHERE t.id <> t.root)
+      AND r.finished_at IS NOT NULL
+      AND r.finished_at < (SELECT cutoff FROM clock)
+      AND r.status IN ('completed', 'failed', 'cancelled', 'interrupted')
+    FOR UPDATE SKIP LOCKED
+),
+whole AS (
+    SELECT t.root
+    FROM tree t
+    GROUP BY t.root
+    HAVING bool_and(t.id = t.root OR EXISTS (SELECT FROM members m WHERE m.id = t.id))
+),
+doomed AS (
+    SELECT t.id FROM tree t WHERE t.root IN (SELECT whole.root FROM whole)
+),
+gone AS (
+    DELETE FROM agent_runs r
+    WHERE r.id IN (SELECT doomed.id FROM doomed) AND NOT %(dry_run)s::boolean
+    RETURNING r.id
+),
+last_root AS (
+    SELECT roots.finished_at, roots.id FROM roots ORDER BY roots.finished_at DESC, roots.id DESC
+    LIMIT 1
+)
+SELECT (SELECT cutoff FROM clock) AS cutoff,
+       (SELECT count(*) FROM roots) AS examined,
+       (SELECT finished_at FROM last_root) AS last_finished_at,
+       (SELECT id FROM last_root) AS last_id,
+       (SELECT count(*) FROM doomed) AS runs,
+       (SELECT count(*) FROM agent_run_attempts a WHERE a.run_id IN (SELECT id FROM doomed))
+           AS attempts,
+       (SELECT count(*) FROM gone) AS deleted
