@@ -21,6 +21,7 @@ from agent_runs.cli.common import (
     UsageError,
     check_dsn,
     connect_options,
+    no_prepare,
     one_line,
     open_connection,
     positive_float,
@@ -95,6 +96,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.listen_dsn is not None:
         check_dsn(args.listen_dsn)
     agent = load_agent(args.agent)
+    setup_logging(args.log_level)
     pool = worker_pool(args, dsn, max_size=args.concurrency + 2)
     try:
         worker = Worker(
@@ -111,7 +113,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except BaseException:
         pool.close()
         raise
-    setup_logging(args.log_level)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -128,13 +129,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
         for i in range(1, args.concurrency + 1)
     ]
     log.info(
-        "worker %s: %d thread(s), lease %.1fs, heartbeat %.1fs, max tries %d, agent %s",
+        "worker %s: %d thread(s), lease %.1fs, heartbeat %.1fs, max tries %d, agent %s, %s",
         worker.name,
         args.concurrency,
         worker.lease_seconds,
         worker.heartbeat_seconds,
         worker.max_tries,
         args.agent,
+        f"wake-ups + poll every {worker.poll_seconds:g}s"
+        if worker.listen_dsn
+        else f"poll every {worker.poll_seconds:g}s",
     )
     for thread in threads:
         thread.start()
@@ -155,7 +159,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _listen_options(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
+    """Where wake-ups are listened for. LISTEN needs a server session that stays put, which a
+    transaction pooler does not give: with --no-prepare (the pooler switch) the main DSN is not
+    used for it, only an explicit --listen-dsn."""
     if args.no_listen:
+        return {"listen_dsn": None}
+    if args.listen_dsn is None and no_prepare(args):
+        log.warning(
+            "no --listen-dsn while --dsn goes through a pooler (--no-prepare): this worker finds "
+            "new runs by polling only"
+        )
         return {"listen_dsn": None}
     return {"listen_dsn": args.listen_dsn or dsn}
 

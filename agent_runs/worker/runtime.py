@@ -110,6 +110,12 @@ class Worker:
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    @property
+    def listening(self) -> bool:
+        """True while this process's wake-up listener has LISTEN in force."""
+        wakeups = self._wakeups
+        return wakeups is not None and wakeups.listening
+
     def request_stop(self) -> None:
         """Stop claiming and ask every executing agent to stop (SIGTERM/SIGINT)."""
         self._stopping.set()
