@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import inspect
 import os
-from typing import Any
+import re
+from typing import Any, Final
+from urllib.parse import quote
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
+
+NO_PREPARE_ENV: Final = "AGENT_RUNS_NO_PREPARE"
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+
+# ConnectionPool's own parameters; any other keyword given to create_pool is a connection option.
+_POOL_PARAMETERS: Final = frozenset(inspect.signature(ConnectionPool.__init__).parameters) - {
+    "self",
+    "conninfo",
+}
 
 
 def connect(dsn: str, **kwargs: Any) -> psycopg.Connection[Any]:
-    """A psycopg connection in autocommit mode; repository methods open their own transactions."""
+    """A psycopg connection in autocommit mode; repository methods open their own transactions.
+
+    Other keywords are psycopg connection options, e.g. `prepare_threshold=None` behind a
+    transaction pooler (no named prepared statements at all).
+    """
     kwargs.setdefault("autocommit", True)
     return psycopg.connect(dsn, **kwargs)
 
@@ -22,7 +39,14 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
 def create_pool(
     dsn: str, *, min_size: int = 1, max_size: int = 10, open: bool = True, **kwargs: Any
 ) -> ConnectionPool:
-    """A psycopg_pool.ConnectionPool whose connections are autocommit and checked on checkout."""
+    """A psycopg_pool.ConnectionPool whose connections are autocommit and checked on checkout.
+
+    Keywords that ConnectionPool does not take are connection options, passed to every
+    connection it opens (merged into its `kwargs`): `create_pool(dsn, prepare_threshold=None)`.
+    """
+    options = {k: kwargs.pop(k) for k in list(kwargs) if k not in _POOL_PARAMETERS}
+    if options:
+        kwargs["kwargs"] = {**(kwargs.get("kwargs") or {}), **options}
     kwargs.setdefault("configure", _configure)
     kwargs.setdefault("check", ConnectionPool.check_connection)
     return ConnectionPool(dsn, min_size=min_size, max_size=max_size, open=open, **kwargs)
@@ -30,4 +54,43 @@ def create_pool(
 
 def no_prepare_from_env() -> bool:
     """AGENT_RUNS_NO_PREPARE=1 (or true/yes/on): use no named prepared statements."""
-    return os.environ.get("AGENT_RUNS_NO_PREPARE", "").strip().lower() in {"1", "true", "yes", "on"}
+    return os.environ.get(NO_PREPARE_ENV, "").strip().lower() in _TRUE
+
+
+_URL_PREFIXES: Final = ("postgresql+psycopg://", "postgresql://", "postgres://")
+# user:password@ in a URL, up to its last "@" (hiding too much is the safe side).
+_URL_PASSWORD: Final = re.compile(r"(://[^:@/?]*:)(.*)(@[^@]*)$", re.DOTALL)
+_PASSWORD_WORD: Final = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.I)
+
+
+def redact(dsn: str) -> str:
+    """The DSN (URL or key=value) with any password replaced by `***`, for messages and logs."""
+    if dsn.startswith(_URL_PREFIXES):
+        return _PASSWORD_WORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***\3", dsn))
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return _PASSWORD_WORD.sub(r"\1***", dsn)
+    if params.get("password") is not None:
+        params["password"] = "***"
+    return make_conninfo("", **params)
+
+
+def migration_url(dsn: str) -> str:
+    """The `postgresql+psycopg://` URL yoyo needs for a URL or key=value DSN.
+
+    Every option travels percent-encoded in the query string (yoyo hands them to psycopg as
+    keywords), so passwords with `#`, `?`, `@`, `/`, `%` … arrive intact.
+    """
+    if dsn.startswith("postgresql+psycopg://"):
+        dsn = "postgresql://" + dsn[len("postgresql+psycopg://") :]
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        raise ValueError(f"invalid DSN: libpq cannot parse {redact(dsn)!r}") from None
+    query = "&".join(
+        f"{quote(str(k), safe='')}={quote(str(v), safe='')}"
+        for k, v in params.items()
+        if v is not None
+    )
+    return f"postgresql+psycopg:///?{query}" if query else "postgresql+psycopg:///"

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from datetime import UTC, datetime
-from typing import Any, Final, LiteralString
+from types import FunctionType
+from typing import Any, Final, LiteralString, ParamSpec, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -24,7 +27,7 @@ from agent_runs.errors import (
 )
 from agent_runs.models import AgentRun, Claim, RunAttempt, RunStatus, Transition
 from agent_runs.sql import query
-from agent_runs.transport import Channel, Row, rows_of, shape_of, statement
+from agent_runs.transport import Channel, Row, rows_of, statement
 
 LEASE_EXPIRED_MESSAGE: Final = (
     "the worker's lease expired before it reported a result: the outcome is unknown. Under "
@@ -79,6 +82,44 @@ def _attempt(row: Row) -> RunAttempt:
     return RunAttempt(*_utc(list(pick(row.values)), _ATTEMPT_TIMESTAMPS))
 
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+# One re-entrant lock per connection, shared by every repository on it: a public call holds it
+# from its first statement to its last, so threads sharing a connection take turns call by call
+# (psycopg's own conn.lock is per statement, and not re-entrant).
+_turns: weakref.WeakKeyDictionary[psycopg.Connection[Any], threading.RLock] = (
+    weakref.WeakKeyDictionary()
+)
+_turns_made = threading.Lock()
+
+
+def turns(conn: psycopg.Connection[Any]) -> threading.RLock:
+    """The lock every repository call on `conn` holds for its whole duration."""
+    lock = _turns.get(conn)
+    if lock is None:
+        with _turns_made:
+            lock = _turns.setdefault(conn, threading.RLock())
+    return lock
+
+
+def _taking_turns(method: Callable[_P, _T]) -> Callable[_P, _T]:
+    @functools.wraps(method)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        with turns(args[0].conn):  # type: ignore[attr-defined]
+            return method(*args, **kwargs)
+
+    return call
+
+
+def _one_call_at_a_time(cls: type[Any]) -> None:
+    """Wrap every public method of `cls` (its bases' too) in its connection's turn."""
+    for name in dir(cls):
+        method = getattr(cls, name)
+        if not name.startswith("_") and isinstance(method, FunctionType):
+            setattr(cls, name, _taking_turns(method))
+
+
 class AgentRunRepository:
     """The data access object for agent_runs and agent_run_attempts over one psycopg connection.
 
@@ -101,10 +142,12 @@ class AgentRunRepository:
         rows = self._channel().execute(stmt, [params[param] for param in stmt.params])
         if rows is not None:
             return rows
-        # Inside the caller's transaction this is a savepoint around the statement.
+        # Inside the caller's transaction this is a savepoint around the statement. Never
+        # prepared: psycopg's statement names (_pg3_0, …) say nothing of their SQL, so behind a
+        # pooler another client's statement of the same name could answer.
         with self.conn.transaction():
             cur = self.conn.cursor()
-            cur.execute(query(name), params, prepare=True)
+            cur.execute(query(name), params, prepare=False)
             return rows_of(cur)
 
     def _channel(self) -> Channel:
@@ -154,14 +197,12 @@ class AgentRunRepository:
             "run_id": str(uuid.uuid4()) if run_id is None else check.identifier("run_id", run_id),
         }
         try:
-            with self.conn.transaction():
-                cur = self.conn.cursor()
-                row = cur.execute(query("create_run"), params).fetchone()
-                if row is None:  # request_id seen before: a new statement sees its run
-                    row = cur.execute(query("get_run_by_request_id"), params).fetchone()
-                if row is None:  # pragma: no cover - the other run was deleted in between
-                    raise InvalidArgument(f"request_id {request_id!r} is being reused; retry")
-                return _run(Row(shape_of(cur), row))
+            rows = self._execute("create_run", params)
+            if not rows:  # request_id seen before: a new statement sees its run
+                rows = self._execute("get_run_by_request_id", params)
+            if not rows:  # pragma: no cover - the other run was deleted in between
+                raise InvalidArgument(f"request_id {request_id!r} is being reused; retry")
+            return _run(rows[0])
         except pg_errors.UniqueViolation as exc:
             # A concurrent create with the same request_id can trip the thread index before
             # ON CONFLICT sees the request_id: idempotency is checked first, so look again.
@@ -349,11 +390,13 @@ class AgentRunRepository:
         }
         with self.conn.transaction():
             cur = self.conn.cursor()
-            locked = cur.execute(query("lock_expired_leases"), params).fetchall()
+            locked = cur.execute(query("lock_expired_leases"), params, prepare=False).fetchall()
             if not locked:
                 return []
             run_ids = [run_id for (run_id,) in locked]
-            cur.execute(query("reconcile_expired_leases"), {**params, "run_ids": run_ids})
+            cur.execute(
+                query("reconcile_expired_leases"), {**params, "run_ids": run_ids}, prepare=False
+            )
             return [_run(row) for row in rows_of(cur)]
 
     def record_run_manifest(
@@ -385,3 +428,6 @@ class AgentRunRepository:
                 "(only the owner of a running run with a live lease may record its manifest)"
             )
         return Transition(_run(row), bool(row["changed"]))
+
+
+_one_call_at_a_time(AgentRunRepository)

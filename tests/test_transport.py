@@ -16,7 +16,7 @@ from psycopg import pq
 import agent_runs
 from agent_runs import AgentRunRepository, RunStatus
 from agent_runs.models import AgentRun
-from agent_runs.transport import statement
+from agent_runs.transport import _BEGIN, _COMMIT, statement
 from tests.conftest import new_run, read_state
 
 Conn = psycopg.Connection[Any]
@@ -73,13 +73,16 @@ def test_the_first_call_of_a_session_prepares_in_the_same_round_trip(
 ) -> None:
     with agent_runs.connect(dsn) as fresh:
         repo = AgentRunRepository(fresh)
-        run = new_run(repo)
+        created: list[AgentRun] = []
+        messages = protocol(fresh, lambda: created.append(new_run(repo)))
+        assert [m for s, m in messages if s == "F"].count("Parse") == 3  # BEGIN, create, COMMIT
+        assert [m for s, m in messages if s == "B"].count("ReadyForQuery") == 1
         messages = protocol(
             fresh, lambda: repo.claim_next(worker_id=OWNER, lease_seconds=LEASE, now=t0)
         )
-        assert [m for s, m in messages if s == "F"].count("Parse") == 3  # BEGIN, claim, COMMIT
+        assert [m for s, m in messages if s == "F"].count("Parse") == 1  # the claim alone
         assert [m for s, m in messages if s == "B"].count("ReadyForQuery") == 1
-        assert read_state(fresh, run.id).run["status"] == "running"  # type: ignore[index]
+        assert read_state(fresh, created[0].id).run["status"] == "running"  # type: ignore[index]
 
 
 def test_a_server_error_rolls_back_and_leaves_the_connection_idle(
@@ -157,7 +160,7 @@ def test_discard_all_is_survived_and_everything_is_prepared_again(
     conn.execute("DISCARD ALL")  # a pooler's reset, or a new server session behind it
     assert repo.renew_lease(run.id, worker_id=OWNER, lease_seconds=LEASE, now=t0)
     names = {r[0] for r in conn.execute("SELECT name FROM pg_prepared_statements")}
-    assert {"agent_runs_begin", "agent_runs_renew_lease", "agent_runs_commit"} <= names
+    assert {_BEGIN.name.decode(), statement("renew_lease").name, _COMMIT.name.decode()} <= names
     assert conn.info.transaction_status == pq.TransactionStatus.IDLE
 
 
