@@ -121,7 +121,7 @@ class FloorInTransactionClient:
     """A diagnostic, not the floor: the floor's statements through the repository's transport.
 
     Each statement in its own BEGIN … COMMIT, one round trip (agent_runs.transport.Channel):
-    its ratio to the floor is what an explicit transaction per transition (SPEC 3) costs by
+    its ratio to the floor is what an explicit transaction per transition costs by
     itself; what remains between it and the repository is the repository's own work (its
     rules, its full rows, its Python).
     """

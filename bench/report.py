@@ -26,7 +26,7 @@ def median(values: Sequence[float]) -> float:
 
 @dataclass(frozen=True)
 class Target:
-    """One target of issue 4 and whether this run met it."""
+    """One benchmark target and whether this run met it."""
 
     name: str
     value: float

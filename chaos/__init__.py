@@ -2,7 +2,7 @@
 
 `python -m chaos` (`make chaos`) starts its own embedded PostgreSQL, enqueues a seeded mix of
 scripted runs, drives worker processes and a reconciler while injecting faults, drains, then
-checks the invariants of issue 5 over the whole database. See `chaos/__main__.py` for options.
+checks the crash-safety invariants over the whole database. See `chaos/__main__.py` for options.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`python -m chaos` (`make chaos CHAOS_ARGS=...`): the fault-injection suite of issue 5.
+"""`python -m chaos` (`make chaos CHAOS_ARGS=...`): the fault-injection suite.
 
 Always on its own embedded PostgreSQL (DATABASE_URL is ignored: the suite restarts the server,
 and it only ever does that to a server it started). Exit 0 when every invariant holds, 1 when

@@ -1,4 +1,4 @@
-"""The invariants of issue 5, each a function returning the violating run ids (id -> why).
+"""The crash-safety invariants, each a function returning the violating run ids (id -> why).
 
 Readers (`load_state`, `sample_owners`, `snapshot_finished_attempts`, `runs_in_flight_on`) use
 plain SQL over unqualified table names, so a test can point them at a scratch copy of the
