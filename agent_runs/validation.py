@@ -377,7 +377,12 @@ def worker_name(value: object) -> str:
 
 
 def heartbeat_seconds(value: object, lease_seconds_: float) -> float:
-    """Seconds between renewals (lease_seconds already checked): 0 < x < lease_seconds."""
+    """Seconds between renewals (lease_seconds already checked): 0 < x < lease_seconds.
+
+    None means a third of the lease.
+    """
+    if value is None:
+        return lease_seconds_ / 3
     seconds = _seconds("heartbeat_seconds", value, 0, lease_seconds_)
     if seconds >= lease_seconds_:
         raise InvalidArgument(

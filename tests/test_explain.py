@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import unicodedata
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -416,3 +417,39 @@ def test_every_status_has_a_rule() -> None:
     for status in RunStatus:
         run = make_run(status, started_at=None)
         assert explain_run(run, []).text  # never a KeyError
+
+
+HOSTILE = "x\x1b[2J\r\nforged: completed\u202eevil\x85\u2028\\"
+_BIDI = set("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _one_visible_line(text: str) -> bool:
+    return not any(
+        unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp") or ch in _BIDI for ch in text
+    )
+
+
+@pytest.mark.parametrize(
+    ("run", "attempts"),
+    [
+        (
+            make_run("failed", error_type=HOSTILE[:64], error_message=HOSTILE),
+            [
+                dataclasses.replace(
+                    attempt(1, "failed", worker_id=HOSTILE, error_type=HOSTILE[:64]),
+                    error_message=HOSTILE,
+                )
+            ],
+        ),
+        (make_run("running", worker_id=HOSTILE), [attempt(1, None, worker_id=HOSTILE)]),
+        (make_run("completed", id=HOSTILE), [attempt(1, "completed")]),  # unexplained
+        (make_run("failed", started_at=None, error_message=HOSTILE), []),
+    ],
+    ids=["failed", "running", "unexplained-run-id", "failed-pending"],
+)
+def test_values_from_users_and_agents_are_escaped_in_the_explanation(
+    run: AgentRun, attempts: list[RunAttempt]
+) -> None:
+    text = explain_run(run, attempts).text
+    assert _one_visible_line(text), text
+    assert "\\e[2J\\r\\n" in text and "\\u202e" in text
