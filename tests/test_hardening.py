@@ -634,3 +634,69 @@ def test_the_attempts_table_escapes_every_value_and_the_json_stays_exact(
     assert exact["run"]["error_message"] == check.error_message(HOSTILE)
     assert exact["run"]["thread_id"] == ident
     assert [a["worker_id"] for a in exact["attempts"]] == [owner, owner]
+
+
+def _deep_json(depth: int) -> str:
+    return '{"a":' * (depth - 1) + "{}" + "}" * (depth - 1)
+
+
+@pytest.mark.parametrize(
+    ("document", "problem"),
+    [
+        ("[1]", "is not an object"),
+        ('"text"', "is not an object"),
+        (_deep_json(65), "nests more than 64"),
+        (_deep_json(5000), "nests more than 64"),
+        ('{"a": [1e4000]}', "4,000 digits"),
+        ('{"a": {"b": -1e4000}}', "4,000 digits"),
+    ],
+)
+@pytest.mark.parametrize("column", ["input_payload", "manifest"])
+def test_the_schema_refuses_json_the_module_could_not_read_back(
+    observer: Conn, runs: Runs, column: str, document: str, problem: str
+) -> None:
+    before = counts(observer)
+    update = sql.SQL(
+        "UPDATE agent_runs SET {} = %s::jsonb, manifest_fingerprint = 'x',"
+        " manifest_recorded_at = now() WHERE id = %s"
+    ).format(sql.Identifier(column))
+    with pytest.raises(psycopg.errors.CheckViolation, match=f"{column} .*{problem}"):
+        observer.execute(update, (document, runs.running))
+    insert = sql.SQL(
+        "INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid, {},"
+        " manifest_fingerprint, manifest_recorded_at)"
+        " VALUES ('direct', 'direct', 'direct', 'a', 'u', %s::jsonb, {}, {})"
+    ).format(
+        sql.Identifier(column),
+        sql.Literal("x" if column == "manifest" else None),
+        sql.SQL("now()" if column == "manifest" else "NULL"),
+    )
+    with pytest.raises(psycopg.errors.CheckViolation, match=f"{column} .*{problem}"):
+        observer.execute(insert, (document,))
+    assert counts(observer) == before
+
+
+def test_every_run_the_schema_allows_reads_back_and_reconciles(
+    repo: AgentRunRepository, observer: Conn, t0: datetime
+) -> None:
+    """Odd but allowed rows written with plain SQL: every reader and the reconciler cope."""
+    odd = {
+        "deep": _deep_json(64),
+        "long-number": '{"a": 9e3999, "b": -1e-5000, "c": 1e400}',
+        "text": '{"\\u202e": "\\u0001\\n", "": ""}',
+    }
+    lease_end = TIME_MAX - timedelta(microseconds=1)
+    for run_id, document in odd.items():
+        observer.execute(
+            "INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid, input_payload,"
+            " status, worker_id, heartbeat_at, lease_expires_at, started_at, created_at)"
+            " VALUES (%(id)s, %(id)s, %(id)s, 'a', 'u', %(doc)s::jsonb, 'running', 'w',"
+            " %(min)s, %(end)s, %(min)s, %(min)s)",
+            {"id": run_id, "doc": document, "min": TIME_MIN, "end": lease_end},
+        )
+    for run_id in odd:
+        run = repo.get_run(run_id)
+        assert run is not None and run.lease_expires_at == lease_end
+    converged = repo.reconcile_expired_leases(now=lease_end)
+    assert sorted(run.id for run in converged) == sorted(odd)
+    assert counts(observer) == (len(odd), 0)

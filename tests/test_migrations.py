@@ -7,6 +7,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
@@ -14,7 +15,7 @@ import agent_runs
 from agent_runs import AgentRunRepository, RunStatus
 from agent_runs.migrate import apply_migrations, rollback_migrations
 from agent_runs.sql import migrations_dir
-from tests.conftest import conninfo_to_url
+from tests.fix_server import conninfo_to_url
 
 ALL = [
     "0001_agent_runs",
@@ -250,3 +251,71 @@ def test_a_key_value_dsn_becomes_a_url_that_migrations_accept(blank_dsn: str) ->
     assert conninfo_to_dict(url) == conninfo_to_dict(blank_dsn)
     assert apply_migrations(url) == ALL
     assert relations(blank_dsn) == {"agent_runs", "agent_run_attempts"}
+
+
+def _bounds_objects(url: str) -> list[str]:
+    """What 0003 creates: its CHECKs, its trigger and its functions."""
+    return [
+        item for item in schema(url) if "timestamps_in_range" in item or "agent_runs_json_" in item
+    ]
+
+
+def _roll_back_0003(url: str) -> None:
+    later = ALL[ALL.index("0003_timestamp_bounds") :]
+    assert sorted(rollback_migrations(url, count=len(later))) == later
+    assert _bounds_objects(url) == []
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("created_at", "1999-12-31 23:59:59Z"),
+        ("started_at", "infinity"),
+        ("input_payload", '{"a": 1e5000}'),
+        ("input_payload", "[1]"),
+    ],
+)
+def test_0003_refuses_a_row_out_of_bounds_leaves_nothing_and_applies_once_it_is_fixed(
+    blank_dsn: str, column: str, value: str
+) -> None:
+    apply_migrations(blank_dsn)
+    applied = _bounds_objects(blank_dsn)
+    assert len(applied) == 5 and not any("NOT VALID" in item for item in applied)
+    _roll_back_0003(blank_dsn)
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid)"
+            " VALUES ('ok', 'ok', 'ok', 'a', 'u'), ('odd', 'odd', 'odd', 'a', 'u')"
+        )
+        conn.execute(
+            sql.SQL("UPDATE agent_runs SET {} = %s WHERE id = 'odd'").format(
+                sql.Identifier(column)
+            ),
+            (value,),
+        )
+    with pytest.raises(psycopg.errors.CheckViolation):
+        apply_migrations(blank_dsn)
+    assert _bounds_objects(blank_dsn) == []
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM agent_runs WHERE id = 'odd'")
+    assert "0003_timestamp_bounds" in apply_migrations(blank_dsn)
+    assert _bounds_objects(blank_dsn) == applied
+    with agent_runs.connect(blank_dsn) as conn:
+        assert AgentRunRepository(conn).get_run("ok") is not None
+
+
+def test_rolling_back_0003_keeps_the_data_and_drops_only_its_bounds(blank_dsn: str) -> None:
+    apply_migrations(blank_dsn)
+    with agent_runs.connect(blank_dsn) as conn:
+        repo = AgentRunRepository(conn)
+        run = repo.create_run(thread_id="t", agent_slug="a", uid="u", request_id="r")
+        assert repo.mark_running(run.id, worker_id="w", lease_seconds=30, now=T0).acquired
+    full = schema(blank_dsn)
+    _roll_back_0003(blank_dsn)
+    assert relations(blank_dsn) == {"agent_runs", "agent_run_attempts"}
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM agent_run_attempts").fetchone() == (1,)
+        conn.execute("UPDATE agent_runs SET lease_expires_at = 'infinity'")  # no bound now
+        conn.execute("UPDATE agent_runs SET lease_expires_at = %s", (T0,))
+    assert sorted(apply_migrations(blank_dsn)) == ALL[ALL.index("0003_timestamp_bounds") :]
+    assert schema(blank_dsn) == full
