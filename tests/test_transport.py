@@ -16,11 +16,10 @@ from psycopg import pq
 import agent_runs
 from agent_runs import AgentRunRepository, RunStatus
 from agent_runs.models import AgentRun
-from agent_runs.transport import _BEGIN, _COMMIT, statement
-from tests.conftest import new_run, read_state
+from agent_runs.transport import _BEGIN, _COMMIT, _statement_name, statement
+from tests.helpers import OWNER, new_run, read_state
 
 Conn = psycopg.Connection[Any]
-OWNER = "worker-a:1"
 LEASE = 30.0
 
 
@@ -288,5 +287,53 @@ def test_inside_the_callers_own_pipeline_it_runs_the_classic_way(
 ) -> None:
     run = claimed(repo, t0)
     assert repo.renew_lease(run.id, worker_id=OWNER, lease_seconds=LEASE, now=t0)
+    state = read_state(observer, run.id).run
+    assert state is not None and state["lease_expires_at"] == t0 + timedelta(seconds=LEASE)
+
+
+def test_prepare_threshold_none_means_no_named_statements_and_still_one_round_trip(
+    dsn: str, t0: datetime
+) -> None:
+    with agent_runs.connect(dsn, prepare_threshold=None) as fresh:
+        repo = AgentRunRepository(fresh)
+        run = claimed(repo, t0)
+        messages = protocol(
+            fresh, lambda: repo.renew_lease(run.id, worker_id=OWNER, lease_seconds=LEASE, now=t0)
+        )
+        assert [m for s, m in messages if s == "F"] == [
+            "Parse",
+            "Bind",
+            "Describe",
+            "Execute",
+        ] * 3 + ["Sync"]
+        assert [m for s, m in messages if s == "B"].count("ReadyForQuery") == 1
+        with fresh.transaction():  # the classic path does not prepare either
+            for _ in range(8):
+                repo.get_run(run.id)
+        assert fresh.execute("SELECT name FROM pg_prepared_statements").fetchall() == []
+
+
+def test_statement_names_carry_a_digest_of_their_sql() -> None:
+    name = statement("get_run").name
+    assert name.startswith("agent_runs_get_run_") and len(name) <= 63
+    assert _statement_name("get_run", statement("get_run").sql + " ") != name
+    assert _statement_name("get_run", statement("get_run").sql) == name
+
+
+def test_a_pooler_like_session_switches_to_unnamed_statements(
+    repo: AgentRunRepository, conn: Conn, observer: Conn, t0: datetime
+) -> None:
+    """Prepared statements vanishing twice (a pooler's other server sessions): every call still
+    succeeds, and the connection stops naming statements (psycopg's included)."""
+    run = claimed(repo, t0)
+    for i in range(2):
+        conn.execute("DEALLOCATE ALL")
+        assert repo.renew_lease(
+            run.id, worker_id=OWNER, lease_seconds=LEASE, now=t0 + timedelta(seconds=i)
+        )
+    assert conn.prepare_threshold is None
+    conn.execute("DEALLOCATE ALL")
+    assert repo.renew_lease(run.id, worker_id=OWNER, lease_seconds=LEASE, now=t0)
+    assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() == (0,)
     state = read_state(observer, run.id).run
     assert state is not None and state["lease_expires_at"] == t0 + timedelta(seconds=LEASE)
