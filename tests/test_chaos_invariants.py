@@ -19,7 +19,7 @@ import pytest
 from agent_runs import AgentRunRepository, RunStatus
 from chaos import invariants as inv
 from chaos.faults import in_flight_by_worker
-from tests.conftest import AttemptFactory, RunFactory
+from tests.fix_factories import AttemptFactory, RunFactory
 
 Conn = psycopg.Connection[Any]
 

@@ -16,7 +16,7 @@ from agent_runs.cli import main
 from agent_runs.report import ATTEMPT_COLUMNS, ATTEMPT_JSON_FIELDS
 from agent_runs.sql import migrations_dir
 from agent_runs.worker import Worker
-from tests.conftest import RunFactory
+from tests.fix_factories import RunFactory
 
 ROOT = Path(__file__).resolve().parents[1]
 UNREACHABLE = "postgresql://nobody@127.0.0.1:1/none"

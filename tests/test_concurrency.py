@@ -7,24 +7,20 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
 
 import agent_runs
 from agent_runs import AgentRunRepository, RunStatus, ThreadBusy
-from tests.conftest import new_run, read_state, row_counts, wait_for_lock_waiters
+from tests.helpers import at, new_run, read_state, row_counts, wait_for_lock_waiters
 
 Conn = psycopg.Connection[Any]
 T = TypeVar("T")
 
 LEASE = 30.0
 TIMEOUT = 30.0
-
-
-def at(t0: datetime, seconds: float) -> datetime:
-    return t0 + timedelta(seconds=seconds)
 
 
 def start_racers(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 from agent_runs import AgentRun, AgentRunRepository, RunAttempt, RunStatus
 from agent_runs.explain import explain_run
 from agent_runs.worker import AgentResult, RunContext
+from tests.helpers import enqueue as enqueue_run
 
 pytestmark = pytest.mark.e2e
 
@@ -99,19 +101,7 @@ def spawn(dsn: str, tmp_path: Path) -> Iterator[Spawner]:
 
 @pytest.fixture
 def enqueue(repo: AgentRunRepository) -> Callable[[list[str]], AgentRun]:
-    counter = iter(range(1, 10_000))
-
-    def make(script: list[str]) -> AgentRun:
-        n = next(counter)
-        return repo.create_run(
-            thread_id=f"thread-{n}",
-            agent_slug="scripted",
-            uid="e2e",
-            request_id=f"e2e-{n}",
-            input_payload={"script": script},
-        )
-
-    return make
+    return functools.partial(enqueue_run, repo, agent_slug="scripted")
 
 
 def wait_for(

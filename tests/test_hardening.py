@@ -29,10 +29,11 @@ from agent_runs import AgentRunRepository, InvalidArgument, manifest_fingerprint
 from agent_runs import validation as check
 from agent_runs.explain import explain_run
 from agent_runs.report import history_json, render_history
+from tests.helpers import OWNER, new_run
+from tests.helpers import row_counts as counts
 
 Conn = psycopg.Connection[Any]
 LEASE = 30.0
-OWNER = "owner"
 TIME_MAX = datetime(9000, 1, 1, tzinfo=UTC)
 TIME_MIN = datetime(2000, 1, 1, tzinfo=UTC)
 PROPERTY = settings(
@@ -41,26 +42,6 @@ PROPERTY = settings(
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-
-
-def counts(observer: Conn) -> tuple[int, int]:
-    row = observer.execute(
-        "SELECT (SELECT count(*) FROM agent_runs), (SELECT count(*) FROM agent_run_attempts)"
-    ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
-
-
-def new_run(repo: AgentRunRepository, **kwargs: Any) -> agent_runs.AgentRun:
-    key = uuid.uuid4().hex[:12]
-    values: dict[str, Any] = {
-        "thread_id": f"t-{key}",
-        "agent_slug": "agent",
-        "uid": "user",
-        "request_id": f"r-{key}",
-    }
-    values.update(kwargs)
-    return repo.create_run(**values)
 
 
 def nested(depth: int) -> dict[str, Any]:

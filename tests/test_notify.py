@@ -7,7 +7,6 @@ import json
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,24 +15,13 @@ import psycopg
 import pytest
 
 import agent_runs
-from agent_runs import AgentRun, AgentRunRepository, InvalidArgument, RunStatus
+from agent_runs import AgentRunRepository, InvalidArgument, RunStatus
 from agent_runs import notify as notify_module
 from agent_runs.notify import CLAIMABLE_CHANNEL, FINISHED_CHANNEL, Wakeups, wait_for_run
+from tests.helpers import new_run
 
 Conn = psycopg.Connection[Any]
 SENTINEL = "sentinel-end-of-batch"
-
-
-def new_run(repo: AgentRunRepository, **kwargs: Any) -> AgentRun:
-    key = uuid.uuid4().hex[:12]
-    values: dict[str, Any] = {
-        "thread_id": f"thread-{key}",
-        "agent_slug": "agent",
-        "uid": "user",
-        "request_id": f"req-{key}",
-    }
-    values.update(kwargs)
-    return repo.create_run(**values)
 
 
 @pytest.fixture

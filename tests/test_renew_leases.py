@@ -12,17 +12,12 @@ import pytest
 
 import agent_runs
 from agent_runs import AgentRun, AgentRunRepository, InvalidArgument, RunStatus
-from tests.conftest import AttemptFactory, RunFactory, State, read_state
+from tests.fix_factories import AttemptFactory, RunFactory
+from tests.helpers import OTHER, OWNER, State, at, read_state
 
 Conn = psycopg.Connection[Any]
 
 LEASE = 30.0
-OWNER = "worker-a:0001"
-OTHER = "worker-b:0002"
-
-
-def at(t0: datetime, seconds: float) -> datetime:
-    return t0 + timedelta(seconds=seconds)
 
 
 def running_run(repo: AgentRunRepository, t0: datetime, worker_id: str = OWNER) -> AgentRun:

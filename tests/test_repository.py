@@ -24,19 +24,14 @@ from agent_runs import (
     Transition,
     manifest_fingerprint,
 )
-from tests.conftest import AttemptFactory, RunFactory, State, new_run, read_state, row_counts
+from tests.fix_factories import AttemptFactory, RunFactory
+from tests.helpers import OTHER, OWNER, State, at, new_run, read_state, row_counts
 
 Conn = psycopg.Connection[Any]
 
 LEASE = 30.0
-OWNER = "worker-a:0001"
-OTHER = "worker-b:0002"
 TERMINAL = ("completed", "failed", "cancelled", "interrupted")
 LOST = "worker_lease_expired"
-
-
-def at(t0: datetime, seconds: float) -> datetime:
-    return t0 + timedelta(seconds=seconds)
 
 
 def running_run(repo: AgentRunRepository, t0: datetime, worker_id: str = OWNER) -> AgentRun:

@@ -18,7 +18,8 @@ from agent_runs.errors import (
     UQ_REQUEST_ID,
     UQ_RUN_ATTEMPT_NO,
 )
-from tests.conftest import AttemptFactory, RunFactory, read_state, row_counts
+from tests.fix_factories import AttemptFactory, RunFactory
+from tests.helpers import read_state, row_counts
 
 Conn = psycopg.Connection[Any]
 

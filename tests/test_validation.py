@@ -21,12 +21,12 @@ from agent_runs import (
     ThreadBusy,
     manifest_fingerprint,
 )
-from tests.conftest import PgServer, read_state
+from tests.fix_server import PgServer
+from tests.helpers import OWNER, read_state
 
 Conn = psycopg.Connection[Any]
 
 LEASE = 30.0
-OWNER = "owner"
 MANIFEST = {"model": "m"}
 FINGERPRINT = manifest_fingerprint(MANIFEST)
 MARKER = " … [truncated {} characters]"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +17,8 @@ from agent_runs import AgentRun, AgentRunRepository, RunStatus, create_pool
 from agent_runs.agents import ScriptedAgent, step_for_attempt
 from agent_runs.errors import InvalidArgument
 from agent_runs.worker import AgentResult, RetryableError, RunContext, Worker
+from tests.helpers import enqueue as enqueue_run
+from tests.helpers import wait_until
 
 LEASE = 1.0
 HEARTBEAT = 0.1
@@ -29,21 +32,7 @@ def pool(dsn: str) -> Iterator[ConnectionPool]:
 
 @pytest.fixture
 def enqueue(repo: AgentRunRepository) -> Callable[..., AgentRun]:
-    counter = iter(range(1, 10_000))
-
-    def make(script: list[str] | None = None, **payload: Any) -> AgentRun:
-        n = next(counter)
-        if script is not None:
-            payload["script"] = script
-        return repo.create_run(
-            thread_id=f"t{n}",
-            agent_slug="agent",
-            uid="u",
-            request_id=f"r{n}",
-            input_payload=payload,
-        )
-
-    return make
+    return functools.partial(enqueue_run, repo)
 
 
 def make_worker(pool: ConnectionPool, agent: Any, **kwargs: Any) -> Worker:
@@ -52,14 +41,6 @@ def make_worker(pool: ConnectionPool, agent: Any, **kwargs: Any) -> Worker:
     kwargs.setdefault("heartbeat_seconds", HEARTBEAT)
     kwargs.setdefault("poll_seconds", 0.05)
     return Worker(pool, agent, **kwargs)
-
-
-def wait_until(predicate: Callable[[], bool], *, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
 
 
 def status_of(repo: AgentRunRepository, run_id: str) -> RunStatus:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from psycopg_pool import ConnectionPool
 
 from agent_runs import AgentRun, AgentRunRepository, RunStatus, create_pool
 from agent_runs.worker import AgentResult, RunContext, Worker
+from tests.helpers import wait_until
 
 POLL = 60.0  # far longer than any wait below: only a wake-up can explain a pickup
 
@@ -19,15 +20,6 @@ POLL = 60.0  # far longer than any wait below: only a wake-up can explain a pick
 def pool(dsn: str) -> Iterator[ConnectionPool]:
     with create_pool(dsn, min_size=1, max_size=6) as p:
         yield p
-
-
-def _wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def _completed(run: AgentRun | None) -> bool:
@@ -71,20 +63,20 @@ def test_a_listening_worker_picks_up_new_runs_without_waiting_for_its_poll(
     pool: ConnectionPool, dsn: str, repo: AgentRunRepository
 ) -> None:
     with Running(_listening_worker(pool, dsn)) as running:
-        assert _wait_until(lambda: running.worker.listening)
+        assert wait_until(lambda: running.worker.listening)
         time.sleep(0.3)  # both claimers have found nothing and wait for a wake-up
         for n in range(3):
             run = repo.create_run(thread_id=f"t{n}", agent_slug="a", uid="u", request_id=f"r{n}")
-            assert _wait_until(lambda run=run: _completed(repo.get_run(run.id)), timeout=5.0)
+            assert wait_until(lambda run=run: _completed(repo.get_run(run.id)), timeout=5.0)
 
 
 def test_a_worker_serving_other_slugs_is_not_woken(
     pool: ConnectionPool, dsn: str, repo: AgentRunRepository
 ) -> None:
     with Running(_listening_worker(pool, dsn, agent_slugs=["b"])) as running:
-        assert _wait_until(lambda: running.worker.listening)
+        assert wait_until(lambda: running.worker.listening)
         time.sleep(0.3)
         other = repo.create_run(thread_id="t1", agent_slug="a", uid="u", request_id="r1")
         mine = repo.create_run(thread_id="t2", agent_slug="b", uid="u", request_id="r2")
-        assert _wait_until(lambda: _completed(repo.get_run(mine.id)), timeout=5.0)
+        assert wait_until(lambda: _completed(repo.get_run(mine.id)), timeout=5.0)
         assert repo.get_run(other.id).status == RunStatus.PENDING  # type: ignore[union-attr]
