@@ -34,10 +34,11 @@ bench: $(STAMP) ## measure the hot path against hand-written SQL (embedded Postg
 chaos: $(STAMP) ## fault-injection suite: kill workers, drop connections, restart PostgreSQL
 	$(BIN)/python -m chaos $(CHAOS_ARGS)
 
-lint: $(STAMP) ## ruff and mypy
+lint: $(STAMP) ## ruff, mypy and the import rules (lint-imports)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 clean: ## remove the venv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
