@@ -18,6 +18,7 @@ from psycopg import sql
 
 import agent_runs
 import agent_runs.sql
+import agent_runs.transport
 from agent_runs import AgentRunRepository
 from agent_runs.sql import query, query_names
 
@@ -38,21 +39,37 @@ SPEC_METHODS = [
     "list_run_attempts",
     "get_open_attempt",
 ]
-_LOADERS = {"query", "_execute", "_claim"}
+# The public loaders: a literal name passed to them must be a file.
+_LOADERS = {agent_runs.sql.query.__name__, agent_runs.transport.statement.__name__}
+PACKAGE = Path(agent_runs.__file__).parent
 
 
-def _names_used_by(node: ast.AST) -> set[str]:
-    """String literals passed as the query name to query()/self._execute()/self._claim()."""
-    names = set()
+def _first_literals(node: ast.AST) -> Iterator[tuple[str | None, str]]:
+    """(callee, value) of every call in `node` whose first argument is a string literal."""
     for call in ast.walk(node):
         if not isinstance(call, ast.Call) or not call.args:
             continue
-        func = call.func
-        callee = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
         first = call.args[0]
-        if callee in _LOADERS and isinstance(first, ast.Constant) and isinstance(first.value, str):
-            names.add(first.value)
-    return names
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            func = call.func
+            callee = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            yield callee, first.value
+
+
+def _names_used_by(node: ast.AST) -> set[str]:
+    """The sql/ files `node` names: string literals, first argument of a call, naming a file."""
+    files = set(query_names())
+    return {value for _, value in _first_literals(node) if value in files}
+
+
+def _package_tree() -> ast.Module:
+    """Every module of agent_runs, in one tree."""
+    body = [
+        node
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+    ]
+    return ast.Module(body=body, type_ignores=[])
 
 
 def _repository_tree() -> ast.Module:
@@ -82,22 +99,23 @@ def _sql_path(name: str) -> Path:
 
 
 def test_every_spec_method_of_the_repository_is_backed_by_a_sql_file() -> None:
+    """Each method has a file named after it, and the method names that file."""
     methods = _methods()
+    files = set(query_names())
     for method in SPEC_METHODS:
         assert method in methods, f"AgentRunRepository.{method} is missing"
-        used = _names_used_by(methods[method])
-        assert used, f"AgentRunRepository.{method} names no sql/ file"
-        assert used <= set(query_names()), (
-            f"{method} uses missing files: {used - set(query_names())}"
-        )
+        assert method in files, f"no sql/{method}.sql"
+        assert method in _names_used_by(methods[method]), f"{method} never names {method}.sql"
 
 
 def test_every_query_the_repository_names_exists_and_every_file_is_used() -> None:
-    used = _names_used_by(_repository_tree())
-    assert used, "found no query names in the repository"
+    tree = _package_tree()
     files = set(query_names())
-    assert used <= files, f"missing sql/ files: {sorted(used - files)}"
-    assert files <= used, f"sql/ files no code uses: {sorted(files - used)}"
+    loaded = {value for callee, value in _first_literals(tree) if callee in _LOADERS}
+    assert loaded, "found no query() / statement() call with a literal name in agent_runs"
+    assert loaded <= files, f"missing sql/ files: {sorted(loaded - files)}"
+    used = _names_used_by(tree)
+    assert files <= used, f"sql/ files no code names: {sorted(files - used)}"
 
 
 @pytest.mark.parametrize("name", query_names())
@@ -155,28 +173,21 @@ def _explain(observer: Conn, statement: str, params: dict[str, Any]) -> list[dic
     return list(_plan_nodes(row[0][0]["Plan"]))
 
 
-def _explain_generic(
-    observer: Conn, statement: str, params: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """The generic plan, which a prepared statement (the repository prepares) may settle on."""
-    order: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        if match.group(1) not in order:
-            order.append(match.group(1))
-        return f"${order.index(match.group(1)) + 1}"
-
-    numbered = re.sub(r"%\((\w+)\)s", number, statement).replace("%%", "%")
+def _explain_generic(observer: Conn, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The generic plan of the statement the repository prepares for sql/<name>.sql."""
+    stmt = agent_runs.transport.statement(name)
     with observer.transaction(force_rollback=True):
         observer.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        observer.execute(sql.SQL("PREPARE generic_probe AS {}").format(sql.SQL(numbered)))
+        observer.execute(stmt.prepare)
         try:
-            args = sql.SQL(", ").join(sql.Literal(params[name]) for name in order)
+            args = sql.SQL(", ").join(sql.Literal(params[param]) for param in stmt.params)
             row = observer.execute(
-                sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE generic_probe ({})").format(args)
+                sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {} ({})").format(
+                    sql.Identifier(stmt.name), args
+                )
             ).fetchone()
         finally:
-            observer.execute("DEALLOCATE generic_probe")
+            observer.execute(sql.SQL("DEALLOCATE {}").format(sql.Identifier(stmt.name)))
     assert row is not None
     return list(_plan_nodes(row[0][0]["Plan"]))
 
@@ -243,7 +254,7 @@ def _plans(observer: Conn, method: str, values: dict[str, Any]) -> list[list[dic
     for name in names:
         params = _params(name, values)
         plans.append(_explain(observer, query(name), params))
-        plans.append(_explain_generic(observer, query(name), params))
+        plans.append(_explain_generic(observer, name, params))
     return plans
 
 
