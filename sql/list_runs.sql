@@ -1,10 +1,9 @@
--- list_runs: runs newest first by (created_at, id), one page of at most %(limit)s after the
--- keyset cursor (before_created_at, before_id), filtered by any combination of: statuses, agent
--- slug, thread, uid, worker identity (an attempt whose owner token, without its last ':' part,
--- equals it), created since a time, and "stuck". A NULL filter matches every run.
--- Stuck: a live lease that expired and is not reconciled yet (the reconciler's rule), or a
--- pending run created more than stuck_after_seconds ago.
--- Each run comes with its attempt count and the owner token of its last attempt.
+-- list_runs: one page of runs, newest first by (created_at, id), after the keyset cursor.
+-- from: any run matching every non-NULL filter: statuses, agent slug, thread, uid, worker identity
+--       (an attempt's owner token without its last ':' part), created since, stuck (an expired
+--       live lease not reconciled yet, or pending longer than stuck_after_seconds)
+-- to:   nothing (read only)
+-- returns: at most limit runs, each with its attempt count and its last attempt's owner token
 WITH page AS (
     SELECT r.*
     FROM agent_runs r
@@ -19,10 +18,13 @@ WITH page AS (
               coalesce(%(now)s::timestamptz, now())
                   - make_interval(secs => %(since_seconds)s::float8),
               '-infinity')
+      -- Probed per run while walking runs newest first (OFFSET 0 keeps it a per-row probe of
+      -- ix_agent_run_attempts_identity instead of a join that sorts every run of the worker).
       AND (%(worker)s::text IS NULL OR EXISTS (
               SELECT FROM agent_run_attempts a
               WHERE a.run_id = r.id
-                AND regexp_replace(a.worker_id, ':[^:]*$', '') = %(worker)s::text))
+                AND regexp_replace(a.worker_id, ':[^:]*$', '') = %(worker)s::text
+              OFFSET 0))
       AND (NOT %(stuck)s::boolean
            OR (r.status IN ('running', 'cancel_requested') AND r.worker_id IS NOT NULL
                AND r.lease_expires_at <= coalesce(%(now)s::timestamptz, now()))
