@@ -199,14 +199,14 @@ class AgentRunRepository:
         try:
             rows = self._execute("create_run", params)
             if not rows:  # request_id seen before: a new statement sees its run
-                rows = self._execute("get_run_by_request_id", params)
+                rows = self._execute("create_run.existing", params)
             if not rows:  # pragma: no cover - the other run was deleted in between
                 raise InvalidArgument(f"request_id {request_id!r} is being reused; retry")
             return _run(rows[0])
         except pg_errors.UniqueViolation as exc:
             # A concurrent create with the same request_id can trip the thread index before
             # ON CONFLICT sees the request_id: idempotency is checked first, so look again.
-            existing = self._execute("get_run_by_request_id", params)
+            existing = self._execute("create_run.existing", params)
             if existing:
                 return _run(existing[0])
             if exc.diag.constraint_name == UQ_ONE_ACTIVE_PER_THREAD:
@@ -390,7 +390,8 @@ class AgentRunRepository:
         }
         with self.conn.transaction():
             cur = self.conn.cursor()
-            locked = cur.execute(query("lock_expired_leases"), params, prepare=False).fetchall()
+            lock = query("reconcile_expired_leases.lock")
+            locked = cur.execute(lock, params, prepare=False).fetchall()
             if not locked:
                 return []
             run_ids = [run_id for (run_id,) in locked]

@@ -87,8 +87,9 @@ def statement(name: str) -> Statement:
 def _statement_name(name: str, sql: str) -> LiteralString:
     """agent_runs_<name>_<digest of the SQL>: a release whose SQL differs uses other names."""
     digest = hashlib.sha256(sql.encode()).hexdigest()[:10]
-    # Only [a-z0-9_] from a shipped file name and a hex digest: safe as an SQL identifier.
-    return f"agent_runs_{name[:40]}_{digest}"
+    # Only [a-z0-9_.] from a shipped file name (`.` written `_`) and a hex digest: safe as an
+    # SQL identifier.
+    return f"agent_runs_{name.replace('.', '_')[:40]}_{digest}"
 
 
 # -- rows --------------------------------------------------------------------------------------

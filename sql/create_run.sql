@@ -1,10 +1,8 @@
--- create_run: a new run starts `pending`, with no lease and no attempt.
--- Idempotent on request_id: a repeated request inserts nothing (the caller then reads the
--- existing run in a new statement, whose snapshot sees a concurrent creator's commit).
--- A real insert wakes the workers: NOTIFY agent_runs_claimable with the run's agent_slug, in
--- this transaction, so it is delivered at commit (never before the run is visible) and a
--- rolled-back create wakes nobody. A repeated request notifies nothing. `notified` is read
--- by the final SELECT: a CTE nobody reads is never executed.
+-- create_run: insert a new run, idempotent on request_id.
+-- from: no run with this request_id (else nothing is inserted: see create_run.existing)
+-- to:   pending, no lease, no attempt; wakes agent_runs_claimable with its agent_slug
+-- returns: the new run, no row when the request_id exists already
+-- notes: sql/README.md (data-modifying CTEs, wake-ups)
 WITH created AS (
     INSERT INTO agent_runs (
         id, request_id, thread_id, agent_slug, uid, run_type, created_by_run_id, input_payload

@@ -1,11 +1,9 @@
--- mark_running (SPEC 3, rule "mark_running"): lock the run, then
---   initial claim (pending, or cancel_requested with no owner): pending -> running (an ownerless
---     cancel_requested stays cancel_requested, now owned); converge any attempt still open to
---     lease_expired, then open attempt max + 1 for the new owner;
---   same live owner (running/cancel_requested, same worker_id, lease_expires_at > now): refresh
---     the lease and that owner's open attempt, no new attempt;
---   anything else (missing, terminal, another owner, expired lease): nothing written.
--- Returns no row for a missing run, else one row: `acquired` and the run as it is now.
+-- mark_running: claim the run by id (initial claim), or refresh it for its live owner.
+-- from: pending | ownerless cancel_requested; or running | cancel_requested of this live owner
+-- to:   pending -> running, leased; initial claim: open attempt -> lease_expired, attempt max + 1
+--       opens; same owner: its open attempt's lease refreshed; anything else: nothing written
+-- returns: no row for a missing run, else `acquired` and the run as it is now
+-- notes: sql/README.md (clock, data-modifying CTEs, lock order)
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
@@ -35,44 +33,32 @@ claimed AS (
 ),
 expired AS (
     UPDATE agent_run_attempts a
-    SET finished_at = clock.now,
-        outcome = 'lease_expired',
-        error_type = 'worker_lease_expired',
-        error_message = %(lost_message)s::text,
-        updated_at = clock.now
-    FROM claimed, clock
-    WHERE claimed.initial_claim
-      AND a.run_id = %(run_id)s AND a.run_id = claimed.id AND a.finished_at IS NULL
+    SET (finished_at, updated_at, outcome, error_type, error_message) =
+        (claimed.updated_at, claimed.updated_at, 'lease_expired', 'worker_lease_expired',
+         %(lost_message)s::text)
+    FROM claimed
+    WHERE a.run_id = %(run_id)s AND a.run_id = claimed.id AND a.finished_at IS NULL
+      AND claimed.initial_claim
     RETURNING a.id
 ),
 opened AS (
-    INSERT INTO agent_run_attempts (
-        run_id, attempt_no, worker_id, started_at, heartbeat_at, lease_expires_at,
-        created_at, updated_at
-    )
-    SELECT claimed.id, previous.attempt_no + 1, claimed.worker_id,
-           -- now() is the transaction's start: never let an attempt start before the one
-           -- it follows finished (a release may commit between our BEGIN and our lock).
-           greatest(clock.now, previous.finished_at),
-           claimed.heartbeat_at, claimed.lease_expires_at, clock.now, clock.now
-    FROM claimed, clock,
-         LATERAL (SELECT coalesce(max(a.attempt_no), 0) AS attempt_no,
-                         max(a.finished_at) AS finished_at
-                  FROM agent_run_attempts a
-                  WHERE a.run_id = claimed.id) AS previous
-    -- Reading `expired` first closes the old attempt before the new one opens.
-    WHERE claimed.initial_claim AND (SELECT count(*) FROM expired) >= 0
+    INSERT INTO agent_run_attempts (run_id, attempt_no, worker_id, started_at, heartbeat_at,
+                                    lease_expires_at, created_at, updated_at)
+    SELECT c.id, previous.n + 1, c.worker_id, greatest(c.updated_at, previous.ended),
+           c.heartbeat_at, c.lease_expires_at, c.updated_at, c.updated_at
+    FROM claimed c,
+         LATERAL (SELECT coalesce(max(a.attempt_no), 0) AS n, max(a.finished_at) AS ended
+                  FROM agent_run_attempts a WHERE a.run_id = c.id) AS previous
+    WHERE c.initial_claim AND (SELECT count(*) FROM expired) >= 0
     RETURNING id
 ),
 refreshed AS (
     UPDATE agent_run_attempts a
-    SET heartbeat_at = claimed.heartbeat_at,
-        lease_expires_at = claimed.lease_expires_at,
-        updated_at = claimed.updated_at
+    SET (heartbeat_at, lease_expires_at, updated_at) =
+        (claimed.heartbeat_at, claimed.lease_expires_at, claimed.updated_at)
     FROM claimed
-    WHERE NOT claimed.initial_claim
-      AND a.run_id = %(run_id)s AND a.run_id = claimed.id AND a.finished_at IS NULL
-      AND a.worker_id = claimed.worker_id
+    WHERE a.run_id = %(run_id)s AND a.run_id = claimed.id AND a.finished_at IS NULL
+      AND a.worker_id = claimed.worker_id AND NOT claimed.initial_claim
     RETURNING a.id
 )
 SELECT true AS acquired, claimed.* FROM claimed

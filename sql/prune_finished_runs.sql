@@ -1,13 +1,9 @@
--- prune_finished_runs, one batch (its own short transaction): delete whole trees of terminal
--- runs (a root with no parent and every run created by it, recursively) whose every member
--- finished before the cutoff; their attempts go with them (ON DELETE CASCADE).
--- Roots are taken in (finished_at, id) order after the keyset (after_finished_at, after_id),
--- at most %(batch_size)s, and only rows nobody holds (SKIP LOCKED), as are their descendants:
--- a tree with a live, recent or held member stays whole, so lineage is never cut.
--- The cutoff is now - older_than_seconds, or the given cutoff (the first batch's, reused).
--- dry_run: count what would go, delete nothing.
--- Returns one row: the cutoff, how many roots were examined and the last one's key (the next
--- batch's keyset), and the runs and attempts deleted (or that would be).
+-- prune_finished_runs: one batch: delete whole trees of terminal runs finished before a cutoff.
+-- from: roots (no parent) in (finished_at, id) order after the keyset, at most batch_size, held
+--       by nobody (SKIP LOCKED), whose every descendant is terminal, older and unheld
+-- to:   those runs deleted, attempts with them (ON DELETE CASCADE); nothing when dry_run
+-- returns: one row: cutoff (now - older_than_seconds, or the given one), roots examined, the
+--          next keyset, runs and attempts deleted (or that would be)
 WITH RECURSIVE clock AS (
     SELECT coalesce(%(cutoff)s::timestamptz,
                     coalesce(%(now)s::timestamptz, now())

@@ -1,7 +1,8 @@
--- record_run_manifest (SPEC 3): only the owner of a running run with a live lease may record
--- the run manifest, and only once: when a fingerprint is already recorded, the original
--- manifest, fingerprint and manifest_recorded_at stay. Returns no row for a missing run, else
--- `changed`, `is_owner` and the run as it is now.
+-- record_run_manifest: record the run's manifest once, by the owner of the running run.
+-- from: running, same worker_id, lease_expires_at > now, no fingerprint recorded yet
+-- to:   manifest, manifest_fingerprint, manifest_recorded_at = now (a recorded one stays)
+-- returns: no row for a missing run, else `changed`, `is_owner` and the run as it is now
+-- notes: sql/README.md (clock, data-modifying CTEs)
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),

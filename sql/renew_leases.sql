@@ -1,10 +1,8 @@
--- renew_leases (issue 4): renew_lease for many (run_id, worker_id) leases in one statement, with
--- the same rule per lease: only the owner of a running/cancel_requested run whose lease is live.
--- Rows are locked in id order, so two batches can never deadlock. Returns (id, status) of the
--- runs renewed; a refused lease is simply absent.
--- Statuses are tested in a CASE, never as `status IN (...)` next to the id lookup: the planner
--- would take such a test for the predicate of the partial indexes over active runs, and after a
--- quiet ANALYZE (those indexes then look empty) walk one of them for a single id.
+-- renew_leases: renew_lease for many (run_id, worker_id) leases in one statement.
+-- from: per lease: running | cancel_requested, same worker_id, lease_expires_at > now
+-- to:   as renew_lease; runs are locked in id order, so two batches never deadlock
+-- returns: (id, status) of each run renewed; a refused lease is absent
+-- notes: sql/README.md (clock, CASE not IN, lock order)
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
@@ -33,9 +31,8 @@ renewed AS (
 ),
 attempts AS (
     UPDATE agent_run_attempts a
-    SET heartbeat_at = renewed.heartbeat_at,
-        lease_expires_at = renewed.lease_expires_at,
-        updated_at = renewed.heartbeat_at
+    SET (heartbeat_at, lease_expires_at, updated_at) =
+        (renewed.heartbeat_at, renewed.lease_expires_at, renewed.heartbeat_at)
     FROM renewed
     WHERE a.run_id = ANY (%(run_ids)s::text[]) AND a.run_id = renewed.id
       AND a.finished_at IS NULL AND a.worker_id = renewed.worker_id

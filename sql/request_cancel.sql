@@ -1,14 +1,9 @@
--- request_cancel (SPEC 3): lock the run, then
---   pending that never started (no started_at) -> cancelled at once (no attempt is invented);
---   any other pending or running run -> cancel_requested (the owner, if any, keeps its lease,
---     sees the request on its next heartbeat and finishes the run as cancelled);
---   cancel_requested or terminal -> unchanged.
--- Returns no row for a missing run, else the run as it is now.
--- Notifications, delivered at commit: a run cancelled at once -> agent_runs_finished (run id);
--- an ownerless cancel_requested (released, then cancelled) is claimable again, its claimer
--- finishing it cancelled -> agent_runs_claimable (agent_slug). An owned run notifies nothing:
--- its owner sees the request on its next heartbeat. `notified` is read by the final SELECT (a
--- CTE nobody reads is never executed).
+-- request_cancel: cancel a run at once if it never started, else ask its owner to.
+-- from: pending | running (cancel_requested and terminal runs stay unchanged)
+-- to:   pending never started -> cancelled (wakes agent_runs_finished); else cancel_requested
+--       (an ownerless one wakes agent_runs_claimable: its claimer finishes it cancelled)
+-- returns: no row for a missing run, else the run as it is now
+-- notes: sql/README.md (clock, data-modifying CTEs, wake-ups)
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
@@ -28,6 +23,7 @@ changed AS (
     RETURNING r.*, locked.never_started
 ),
 notified AS (
+    -- An owned run notifies nothing: its owner sees the request on its next heartbeat.
     SELECT CASE WHEN changed.never_started
                 THEN pg_notify('agent_runs_finished', changed.id)
                 ELSE pg_notify('agent_runs_claimable', changed.agent_slug) END

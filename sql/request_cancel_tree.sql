@@ -1,8 +1,8 @@
--- request_cancel_tree, step 1: the run and every run created by it, recursively (by
--- created_by_run_id, through terminal runs too), each row locked, in id order so that two
--- tree cancels never wait on each other in a cycle. Returns each run's status under its lock;
--- no row when the run does not exist. Step 2 applies request_cancel to each run that a cancel
--- request changes (pending or running), in the same transaction.
+-- request_cancel_tree: lock the run and every run created by it, recursively (step 1 of 2).
+-- from: the run and its descendants by created_by_run_id, terminal ones included
+-- to:   nothing yet: request_cancel then runs on each pending or running one, same transaction
+-- returns: id, status and created_at of each, locked in id order; no row for a missing run
+-- notes: sql/README.md (lock order)
 WITH RECURSIVE tree (id) AS (
     SELECT r.id FROM agent_runs r WHERE r.id = %(run_id)s::text
     UNION

@@ -1,5 +1,7 @@
--- run_stats, top error types: the most frequent error_type of attempts that finished in the
--- window (at most %(top)s).
+-- run_stats.errors: the most frequent error types of attempts finished in the window.
+-- from: finished attempts with an error_type
+-- to:   nothing (read only)
+-- returns: (key, n), most frequent first, at most top rows
 SELECT a.error_type AS key, count(*) AS n
 FROM agent_run_attempts a
 WHERE a.finished_at IS NOT NULL

@@ -1,4 +1,7 @@
--- run_stats, runs by final status: terminal runs that finished in the window.
+-- run_stats.runs: terminal runs finished in the window, by final status.
+-- from: completed | failed | cancelled | interrupted runs
+-- to:   nothing (read only)
+-- returns: (key, n), most frequent first
 SELECT r.status AS key, count(*) AS n
 FROM agent_runs r
 WHERE r.finished_at IS NOT NULL

@@ -1,8 +1,9 @@
--- run_stats: the window's start, attempt durations (seconds) of attempts finished in the
--- window, and the queue right now: pending runs and the oldest one's creation, running runs,
--- and live leases that expired and are not reconciled yet (the reconciler's rule).
--- The window starts at since_at, else now - since_seconds, else at the beginning of time
--- (window_start NULL).
+-- run_stats: the window's start, attempt durations and the queue right now.
+-- from: attempts finished in the window (since_at, else now - since_seconds, else all history:
+--       window_start NULL); pending, running and expired-but-unreconciled runs now
+-- to:   nothing (read only)
+-- returns: one row: window, duration percentiles and maximum, queue counts
+-- notes: sql/README.md (clock)
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now,
            coalesce(%(since_at)s::timestamptz,

@@ -1,7 +1,8 @@
--- run_stats, per worker identity (the owner token without its last ':' part), over attempts
--- that finished in the window: attempts, completions, failures, lease losses (lease_expired)
--- and retries (retry_released). The most troubled first (lease losses + failures), at most
--- %(top)s identities.
+-- run_stats.workers: per worker identity (owner token without its last ':' part), attempts
+-- from: attempts finished in the window
+-- to:   nothing (read only)
+-- returns: attempts, completions, failures, lease losses and retries per identity, most
+--          troubled (lease losses + failures) first, at most top rows
 SELECT regexp_replace(a.worker_id, ':[^:]*$', '') AS worker,
        count(*) AS attempts,
        count(*) FILTER (WHERE a.outcome = 'completed') AS completions,

@@ -1,59 +1,49 @@
--- set_terminal_status (SPEC 3): lock the run, then finish it when the rule allows:
---   pending -> failed/cancelled, only with no worker_id;
---   running -> completed/failed/interrupted, cancel_requested -> cancelled, only by the owner
---     with a live lease (lease_expires_at > now).
--- On a real transition: status, error fields, finished_at, lease cleared, and the owner's open
--- attempt finishes with outcome = status and the same error classification. Otherwise nothing
--- is written. Returns no row for a missing run, else `changed` and the run as it is now.
--- The guarded UPDATE takes the run row lock (and re-checks its guard on the locked row); only
--- when it refuses is the row read, locked FOR UPDATE, for the unchanged answer.
--- now = coalesce(%(now)s, now()): the given clock, else the transaction's.
--- A real transition notifies agent_runs_finished with the run id, delivered at commit; a
--- refusal notifies nothing. `notified` is read by the final SELECT (a CTE nobody reads is never
--- executed).
--- The rule is a CASE on the status, not `status IN (...)` tests beside the id lookup: the planner
--- would take those for the predicate of the partial indexes over active runs and, after a quiet
--- ANALYZE (those indexes then look empty), walk one of them for a single id.
-WITH finished AS (
+-- set_terminal_status: finish the run when the rule allows.
+-- from: pending, no worker_id (failed | cancelled); of the live owner (lease_expires_at > now):
+--       running (completed | failed | interrupted), cancel_requested (cancelled)
+-- to:   status, errors, finished_at = now, no lease; owner's open attempt -> outcome = status
+-- returns: no row for a missing run, else `changed` and the run as it is now
+-- notes: sql/README.md (clock, CASE not IN, data-modifying CTEs, wake-ups: agent_runs_finished)
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+finished AS (
+    -- The guarded UPDATE takes the run row lock and re-checks its guard on the locked row.
     UPDATE agent_runs r
-    SET status = %(status)s::text,
-        error_type = %(error_type)s::text,
-        error_message = %(error_message)s::text,
-        finished_at = coalesce(%(now)s::timestamptz, now()),
-        worker_id = NULL,
-        heartbeat_at = NULL,
-        lease_expires_at = NULL,
-        updated_at = coalesce(%(now)s::timestamptz, now())
+    SET (status, error_type, error_message) =
+        (%(status)s::text, %(error_type)s::text, %(error_message)s::text),
+        (worker_id, heartbeat_at, lease_expires_at) = (NULL, NULL, NULL),
+        finished_at = clock.now,
+        updated_at = clock.now
+    FROM clock
     WHERE r.id = %(run_id)s
       AND CASE r.status
           WHEN 'pending' THEN
               %(worker_id)s::text IS NULL AND %(status)s::text IN ('failed', 'cancelled')
           WHEN 'running' THEN
               r.worker_id = %(worker_id)s::text
-              AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+              AND r.lease_expires_at > clock.now
               AND %(status)s::text <> 'cancelled'
           WHEN 'cancel_requested' THEN
               r.worker_id = %(worker_id)s::text
-              AND r.lease_expires_at > coalesce(%(now)s::timestamptz, now())
+              AND r.lease_expires_at > clock.now
               AND %(status)s::text = 'cancelled'
           END
     RETURNING r.*
 ),
 attempt AS (
-    -- The owner's open attempt: the owner is the worker_id the guard matched (a pending run
-    -- is finished only with no worker_id, so it finishes no attempt).
+    -- The owner is the worker_id the guard matched (a pending run finishes no attempt).
     UPDATE agent_run_attempts a
-    SET finished_at = finished.finished_at,
-        outcome = %(status)s::text,
-        error_type = %(error_type)s::text,
-        error_message = %(error_message)s::text,
-        updated_at = finished.finished_at
+    SET (finished_at, updated_at, outcome, error_type, error_message) =
+        (finished.finished_at, finished.finished_at, finished.status, finished.error_type,
+         finished.error_message)
     FROM finished
     WHERE a.run_id = %(run_id)s AND a.finished_at IS NULL
       AND a.worker_id = %(worker_id)s::text
     RETURNING a.id
 ),
 refused AS (
+    -- Only when the guard refused: the row, locked, for the unchanged answer.
     SELECT r.*
     FROM agent_runs r
     WHERE r.id = %(run_id)s AND NOT EXISTS (SELECT FROM finished)

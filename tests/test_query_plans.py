@@ -220,7 +220,7 @@ def test_the_reconciler_never_reads_the_history(seeded: Conn, mode: str, t0: dat
     """It reads the live runs (ix_agent_runs_live) when the statistics know the backlog. After a
     quiet ANALYZE both partial indexes over active runs look empty, and the planner may read
     the wider one (live and pending runs): still never the finished history."""
-    plan = _plan(seeded, "lock_expired_leases", {"now": t0, "limit": 500}, mode)
+    plan = _plan(seeded, "reconcile_expired_leases.lock", {"now": t0, "limit": 500}, mode)
     assert all(n["Node Type"] != "Seq Scan" for n in _scans_of(plan, "agent_runs")), _describe(plan)
     used = {node.get("Index Name") for node in _nodes(plan)}
     assert used & {"ix_agent_runs_live", "uq_agent_runs_one_active_per_thread"}, _describe(plan)
@@ -234,6 +234,6 @@ def test_the_reconciler_reads_only_live_runs_when_the_backlog_is_known(
         conn.execute(_SEED)
         conn.execute("VACUUM (ANALYZE) agent_runs")
         conn.execute(_LIVE, (1, 400))
-        plan = _plan(conn, "lock_expired_leases", {"now": t0, "limit": 500}, mode)
+        plan = _plan(conn, "reconcile_expired_leases.lock", {"now": t0, "limit": 500}, mode)
     used = {node.get("Index Name") for node in _nodes(plan)}
     assert "ix_agent_runs_live" in used, _describe(plan)
