@@ -26,6 +26,7 @@ from agent_runs.errors import (
     ThreadBusy,
 )
 from agent_runs.models import AgentRun, Claim, RunAttempt, RunStatus, Transition
+from agent_runs.operations import OperatorQueries
 from agent_runs.sql import query
 from agent_runs.transport import Channel, Row, rows_of, statement
 
@@ -120,7 +121,7 @@ def _one_call_at_a_time(cls: type[Any]) -> None:
             setattr(cls, name, _taking_turns(method))
 
 
-class AgentRunRepository:
+class AgentRunRepository(OperatorQueries):
     """The data access object for agent_runs and agent_run_attempts over one psycopg connection.
 
     Every method runs in its own explicit transaction, which becomes a savepoint inside a
@@ -256,7 +257,7 @@ class AgentRunRepository:
                 "run_id": check.identifier("run_id", run_id),
                 "worker_id": check.worker_id(worker_id),
                 "lease_seconds": check.lease_seconds(lease_seconds),
-                "now": check.now(now),
+                "now": check.now(now, check.lease_seconds(lease_seconds)),
                 "lost_message": LEASE_EXPIRED_MESSAGE,
             },
         )
@@ -278,7 +279,7 @@ class AgentRunRepository:
             {
                 "worker_id": check.worker_id(worker_id),
                 "lease_seconds": check.lease_seconds(lease_seconds),
-                "now": check.now(now),
+                "now": check.now(now, check.lease_seconds(lease_seconds)),
                 "agent_slugs": check.agent_slugs(agent_slugs),
                 "lost_message": LEASE_EXPIRED_MESSAGE,
             },
@@ -300,7 +301,7 @@ class AgentRunRepository:
                 "run_id": check.identifier("run_id", run_id),
                 "worker_id": check.worker_id(worker_id),
                 "lease_seconds": check.lease_seconds(lease_seconds),
-                "now": check.now(now),
+                "now": check.now(now, check.lease_seconds(lease_seconds)),
             },
         )
         return bool(rows)
@@ -322,7 +323,7 @@ class AgentRunRepository:
             "run_ids": run_ids,
             "worker_ids": worker_ids,
             "lease_seconds": check.lease_seconds(lease_seconds),
-            "now": check.now(now),
+            "now": check.now(now, check.lease_seconds(lease_seconds)),
         }
         if not run_ids:
             return {}
