@@ -14,6 +14,15 @@ from agent_runs.models import (
     manifest_fingerprint,
 )
 from agent_runs.notify import CLAIMABLE_CHANNEL, FINISHED_CHANNEL, wait_for_run
+from agent_runs.operations import (
+    AttemptDurations,
+    PruneBatch,
+    QueueNow,
+    RunStats,
+    RunSummary,
+    WorkerStats,
+    runs_cursor,
+)
 from agent_runs.repository import AgentRunRepository
 
 __all__ = [
@@ -22,16 +31,23 @@ __all__ = [
     "AgentRun",
     "AgentRunRepository",
     "AgentRunsError",
+    "AttemptDurations",
     "AttemptOutcome",
     "Claim",
     "InvalidArgument",
     "NotLeaseOwner",
+    "PruneBatch",
+    "QueueNow",
     "RunAttempt",
+    "RunStats",
     "RunStatus",
+    "RunSummary",
     "ThreadBusy",
     "Transition",
+    "WorkerStats",
     "connect",
     "create_pool",
     "manifest_fingerprint",
+    "runs_cursor",
     "wait_for_run",
 ]
