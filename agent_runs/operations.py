@@ -286,7 +286,7 @@ class OperatorQueries:
         changed: list[AgentRun] = []
         with self.conn.transaction():
             cur = self.conn.cursor()
-            cur.execute(query("request_cancel_tree"), params, prepare=True)
+            cur.execute(query("request_cancel_tree"), params)
             tree = rows_of(cur)
             if not tree:
                 raise InvalidArgument(f"run_id {run_id!r} is not an existing run")
@@ -306,7 +306,7 @@ class OperatorQueries:
         attempt durations (all over the window since `since`, None: all history) and the
         queue now."""
         since_at, since_seconds = _since(since)
-        params = {
+        params: dict[str, Any] = {
             "since_at": since_at,
             "since_seconds": since_seconds,
             "now": check.now(now),
@@ -316,10 +316,12 @@ class OperatorQueries:
             cur = self.conn.cursor()
 
             def rows(sql: LiteralString) -> list[Row]:
-                cur.execute(sql, params, prepare=True)
+                cur.execute(sql, params)
                 return rows_of(cur)
 
             head = rows(query("run_stats"))[0]
+            # The parts count over the window the head computed, on the same clock.
+            params["window_start"] = head["window_start"]
             by_status = _counts(rows(query("run_stats.runs")))
             by_outcome = _counts(rows(query("run_stats.outcomes")))
             errors = _counts(rows(query("run_stats.errors")))

@@ -5,10 +5,7 @@
 SELECT a.error_type AS key, count(*) AS n
 FROM agent_run_attempts a
 WHERE a.finished_at IS NOT NULL
-  AND a.finished_at >= coalesce(%(since_at)s::timestamptz,
-                                coalesce(%(now)s::timestamptz, now())
-                                    - make_interval(secs => %(since_seconds)s::float8),
-                                '-infinity')
+  AND a.finished_at >= coalesce(%(window_start)s::timestamptz, '-infinity')
   AND a.error_type IS NOT NULL
 GROUP BY a.error_type
 ORDER BY n DESC, key

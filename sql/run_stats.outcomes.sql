@@ -5,9 +5,6 @@
 SELECT a.outcome AS key, count(*) AS n
 FROM agent_run_attempts a
 WHERE a.finished_at IS NOT NULL
-  AND a.finished_at >= coalesce(%(since_at)s::timestamptz,
-                                coalesce(%(now)s::timestamptz, now())
-                                    - make_interval(secs => %(since_seconds)s::float8),
-                                '-infinity')
+  AND a.finished_at >= coalesce(%(window_start)s::timestamptz, '-infinity')
 GROUP BY a.outcome
 ORDER BY n DESC, key

@@ -5,10 +5,7 @@
 SELECT r.status AS key, count(*) AS n
 FROM agent_runs r
 WHERE r.finished_at IS NOT NULL
-  AND r.finished_at >= coalesce(%(since_at)s::timestamptz,
-                                coalesce(%(now)s::timestamptz, now())
-                                    - make_interval(secs => %(since_seconds)s::float8),
-                                '-infinity')
+  AND r.finished_at >= coalesce(%(window_start)s::timestamptz, '-infinity')
   AND r.status IN ('completed', 'failed', 'cancelled', 'interrupted')
 GROUP BY r.status
 ORDER BY n DESC, key

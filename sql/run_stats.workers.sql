@@ -11,10 +11,7 @@ SELECT regexp_replace(a.worker_id, ':[^:]*$', '') AS worker,
        count(*) FILTER (WHERE a.outcome = 'retry_released') AS retries
 FROM agent_run_attempts a
 WHERE a.finished_at IS NOT NULL
-  AND a.finished_at >= coalesce(%(since_at)s::timestamptz,
-                                coalesce(%(now)s::timestamptz, now())
-                                    - make_interval(secs => %(since_seconds)s::float8),
-                                '-infinity')
+  AND a.finished_at >= coalesce(%(window_start)s::timestamptz, '-infinity')
 GROUP BY 1
 ORDER BY count(*) FILTER (WHERE a.outcome IN ('lease_expired', 'failed')) DESC,
          attempts DESC, worker
