@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, LiteralString
+from typing import TYPE_CHECKING, Any, Final, LiteralString, TypedDict
 
 from agent_runs import validation as check
 from agent_runs.durations import MAX_DURATION
@@ -23,6 +23,7 @@ from agent_runs.transport import Row, rows_of
 
 if TYPE_CHECKING:
     import psycopg
+    from typing_extensions import Unpack  # annotations only: no runtime dependency
 
 MAX_LIST_LIMIT: Final = 1000
 MAX_BATCH_SIZE: Final = 100_000
@@ -30,6 +31,22 @@ DEFAULT_STUCK_AFTER: Final = timedelta(minutes=15)
 # How many error types and worker identities run_stats reports, the most frequent first.
 STATS_TOP: Final = 20
 _LIVE: Final = frozenset({RunStatus.PENDING, RunStatus.RUNNING})
+
+
+class RunFilters(TypedDict, total=False):
+    """The filters of `list_runs`, by keyword."""
+
+    statuses: Iterable[RunStatus | str] | None
+    agent_slug: str | None
+    thread_id: str | None
+    uid: str | None
+    worker: str | None
+    since: datetime | timedelta | None
+    stuck: bool
+    stuck_after: timedelta
+    limit: int
+    before: str | None
+    now: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,66 +232,57 @@ class OperatorQueries:
         now: datetime | None = None,
     ) -> list[AgentRun]:
         """Runs newest first by (created_at, id), every given filter applied; `before` is the
-        cursor of the previous page's last run (`runs_cursor`). See `list_run_summaries`."""
-        return [
-            summary.run
-            for summary in self.list_run_summaries(
-                statuses=statuses,
-                agent_slug=agent_slug,
-                thread_id=thread_id,
-                uid=uid,
-                worker=worker,
-                since=since,
-                stuck=stuck,
-                stuck_after=stuck_after,
-                limit=limit,
-                before=before,
-                now=now,
-            )
-        ]
-
-    def list_run_summaries(
-        self,
-        *,
-        statuses: Iterable[RunStatus | str] | None = None,
-        agent_slug: str | None = None,
-        thread_id: str | None = None,
-        uid: str | None = None,
-        worker: str | None = None,
-        since: datetime | timedelta | None = None,
-        stuck: bool = False,
-        stuck_after: timedelta = DEFAULT_STUCK_AFTER,
-        limit: int = 50,
-        before: str | None = None,
-        now: datetime | None = None,
-    ) -> list[RunSummary]:
-        """list_runs with each run's attempt count and last attempt owner.
+        cursor of the previous page's last run (`runs_cursor`).
 
         worker: runs with an attempt whose owner token, without its last ':' part, is exactly
         this identity. stuck: live leases expired and not reconciled yet, and pending runs
         created more than `stuck_after` ago.
         """
-        since_at, since_seconds = _since(since)
+        rows = self._list_rows(
+            statuses=statuses,
+            agent_slug=agent_slug,
+            thread_id=thread_id,
+            uid=uid,
+            worker=worker,
+            since=since,
+            stuck=stuck,
+            stuck_after=stuck_after,
+            limit=limit,
+            before=before,
+            now=now,
+        )
+        return [_run(row) for row in rows]
+
+    def list_run_summaries(self, **filters: Unpack[RunFilters]) -> list[RunSummary]:
+        """list_runs (same keyword arguments) with each run's attempt count and last owner."""
+        return [
+            RunSummary(_run(row), int(row["attempt_count"]), row["last_worker_id"])
+            for row in self._list_rows(**filters)
+        ]
+
+    def _list_rows(self, **filters: Unpack[RunFilters]) -> list[Row]:
+        since_at, since_seconds = _since(filters.get("since"))
+        before = filters.get("before")
         before_created_at, before_id = (None, None) if before is None else _decode_cursor(before)
+        worker = filters.get("worker")
         params = {
-            "statuses": _statuses(statuses),
-            "agent_slug": check.optional_identifier("agent_slug", agent_slug),
-            "thread_id": check.optional_identifier("thread_id", thread_id),
-            "uid": check.optional_identifier("uid", uid),
+            "statuses": _statuses(filters.get("statuses")),
+            "agent_slug": check.optional_identifier("agent_slug", filters.get("agent_slug")),
+            "thread_id": check.optional_identifier("thread_id", filters.get("thread_id")),
+            "uid": check.optional_identifier("uid", filters.get("uid")),
             "worker": None if worker is None else check.worker_id(worker, "worker"),
             "since_at": since_at,
             "since_seconds": since_seconds,
-            "stuck": _bool("stuck", stuck),
-            "stuck_after_seconds": _span("stuck_after", stuck_after, allow_zero=True),
-            "limit": _int("limit", limit, 1, MAX_LIST_LIMIT),
+            "stuck": _bool("stuck", filters.get("stuck", False)),
+            "stuck_after_seconds": _span(
+                "stuck_after", filters.get("stuck_after", DEFAULT_STUCK_AFTER), allow_zero=True
+            ),
+            "limit": _int("limit", filters.get("limit", 50), 1, MAX_LIST_LIMIT),
             "before_created_at": before_created_at,
             "before_id": before_id,
-            "now": check.now(now),
+            "now": check.now(filters.get("now")),
         }
-        rows = self._execute("list_runs", params)
-        return [
-            RunSummary(_run(row), int(row["attempt_count"]), row["last_worker_id"]) for row in rows
-        ]
+        return self._execute("list_runs", params)
 
     # -- cancelling a tree ---------------------------------------------------------------
 
