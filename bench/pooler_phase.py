@@ -13,6 +13,7 @@ from typing import Any, Final
 import psycopg
 
 import agent_runs
+from agent_runs.devtools.pgbouncer import pgbouncer, pgbouncer_binary
 from bench import seed
 from bench.workload import (
     RENEWALS_PER_LIFECYCLE,
@@ -21,7 +22,6 @@ from bench.workload import (
     lifecycle,
     new_worker_id,
 )
-from tests.fix_pgbouncer import pgbouncer, pgbouncer_binary
 
 VARIANTS: Final = ("direct", "pgbouncer", "pgbouncer, prepare_threshold=None")
 _LOW_WATER: Final = 3_000

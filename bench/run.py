@@ -1,4 +1,4 @@
-"""`python -m bench`: run every measurement of issue 4 and report it (stdout table + JSON)."""
+"""`python -m bench`: the hot path against hand-written SQL, and more; a table and a JSON file."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, Final
 import psycopg
 
 import agent_runs
-from bench import phases, seed
+from bench import operator_phase, phases, pickup_phase, pooler_phase, seed
 from bench.phases import HeartbeatResult
 from bench.report import Target, fmt, median, percentile, table, write_json
 from bench.server import BenchServer, bench_server
@@ -198,6 +198,14 @@ def summarize_throughput(segments: Sequence[SegmentResult], settings: Settings) 
 
 # -- the run --------------------------------------------------------------------------------------
 
+# Phases about deployment and operation, each on a fresh database: pickup latency and idle load
+# (wake-ups), the operator's queries at scale, the repository through PgBouncer.
+DEPLOYMENT_PHASES: Final = (
+    ("pickup", pickup_phase),
+    ("operator", operator_phase),
+    ("pooler", pooler_phase),
+)
+
 
 def run(server: BenchServer, settings: Settings) -> dict[str, Any]:
     results: dict[str, Any] = {}
@@ -255,6 +263,9 @@ def run(server: BenchServer, settings: Settings) -> dict[str, Any]:
         results["reconcile"] = phases.reconcile_phase(url, expired=settings.expired_leases)
 
     results["claim_scaling"] = claim_scaling(server, settings)
+    for key, module in DEPLOYMENT_PHASES:
+        log(f"{key}: {module.__doc__.splitlines()[0] if module.__doc__ else key}")
+        results[key] = module.run_phase(server.fresh_database(key), settings.quick)
     return results
 
 
@@ -376,7 +387,7 @@ def render(payload: dict[str, Any]) -> str:
     )
     out.append(
         "  * diagnostic: the floor's own statements, each in its BEGIN … COMMIT over the"
-        " repository's transport: what the explicit transaction of SPEC 3 costs alone"
+        " repository's transport: what the explicit transaction per transition costs alone"
     )
 
     out.append("\nLatency per transition, ms (all repetitions pooled)")
@@ -480,15 +491,19 @@ def render(payload: dict[str, Any]) -> str:
     rows.append(["ratio large ÷ small", f"{cs['ratio_p50']:.2f}", f"{cs['ratio_p99']:.2f}", ""])
     out.append(table(["backlog", "p50", "p99", "claims"], rows))
 
-    out.append("\nTargets (issue 4, at 4 threads, medians of the repetitions)")
+    out.append("\nTargets (hot path, at 4 threads, medians of the repetitions)")
     out.extend(Target(**_target_args(t)).line() for t in payload["targets"])
     at4 = r["throughput"].get(str(TARGET_THREADS))
     if at4 is not None:
         out.append(
             f"  info  the floor's own statements in explicit transactions reach "
             f"{at4['explicit_transaction_ratio']:.2f} of the floor at {TARGET_THREADS} threads: "
-            "the most a BEGIN … COMMIT per transition (SPEC 3) allows here"
+            "the most a BEGIN … COMMIT per transition allows here"
         )
+    for key, module in DEPLOYMENT_PHASES:
+        if key in r:
+            out.append("")
+            out.extend(module.render_phase(r[key]))
     return "\n".join(out)
 
 
@@ -509,7 +524,8 @@ def _target_args(t: dict[str, Any]) -> dict[str, Any]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
-        description="Measure the agent_runs hot path against hand-minimal SQL (issue 4).",
+        description="Measure the agent_runs hot path against hand-minimal SQL, pickup latency, "
+        "operator queries at scale and the repository behind PgBouncer.",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run (seconds)")
     parser.add_argument(

@@ -21,8 +21,8 @@ import pytest
 import agent_runs
 from agent_runs import AgentRunRepository, RunStatus
 from agent_runs import migrate as migrate_module
+from agent_runs.devtools.pgbouncer import MODES, PgBouncer, pgbouncer, pgbouncer_binary
 from agent_runs.migrate import MigrationLocked, apply_migrations, rollback_migrations
-from tests.fix_pgbouncer import MODES, PgBouncer, pgbouncer, pgbouncer_binary
 
 pytestmark = pytest.mark.skipif(
     pgbouncer_binary() is None, reason="pgbouncer is not installed (CI installs it)"
@@ -119,9 +119,12 @@ def test_no_named_statement_reaches_the_server_with_prepare_threshold_none(
 
 
 def test_create_pool_passes_prepare_threshold_through(tx_bouncer: PgBouncer, dsn: str) -> None:
-    with agent_runs.create_pool(
-        tx_bouncer.url_for(dsn), min_size=1, max_size=2, prepare_threshold=None
-    ) as pool, pool.connection() as conn:
+    with (
+        agent_runs.create_pool(
+            tx_bouncer.url_for(dsn), min_size=1, max_size=2, prepare_threshold=None
+        ) as pool,
+        pool.connection() as conn,
+    ):
         assert conn.prepare_threshold is None
         repo = AgentRunRepository(conn)
         run = _new_run(repo, uuid.uuid4().hex)

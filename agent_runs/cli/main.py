@@ -18,6 +18,7 @@ from agent_runs.cli.common import PROG, UsageError, one_line
 from agent_runs.cli.parser import build_parser
 from agent_runs.display import escape
 from agent_runs.errors import InvalidArgument, ThreadBusy
+from agent_runs.migrate import MigrationLocked
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,6 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(2, str(exc))
     except ThreadBusy as exc:
         return fail(1, f"thread busy: {exc}")
+    except MigrationLocked as exc:
+        return fail(1, str(exc))
     except psycopg.Error as exc:
         return fail(1, f"database error: {one_line(exc)}")
     except KeyboardInterrupt:

@@ -1,6 +1,5 @@
-"""A real PgBouncer in front of the test server: started on a free port, stopped by its PID.
-
-Skips (with the reason) when no pgbouncer binary is installed; CI installs it.
+"""A real PgBouncer in front of a PostgreSQL: started on a free port with a config in a temporary
+directory, stopped by its PID (for tests and `make bench`; the OS package provides the binary).
 """
 
 from __future__ import annotations
