@@ -22,6 +22,7 @@ ALL = [
     "0002_agent_run_attempts",
     "0003_timestamp_bounds",
     "0004_operator_indexes",
+    "0005_attempt_update_guard",
 ]
 AFTER_0001 = ALL[1:]
 AFTER_0002 = ALL[2:]

@@ -549,3 +549,33 @@ def test_a_lease_renewal_is_a_hot_update_of_run_and_attempt(
             hot = counts(table)[1] - before[table][1]
             assert updated == 1, f"{table}: {updated} rows updated by one renewal"
             assert hot == updated, f"{table}: {updated} updates, only {hot} HOT"
+
+
+def test_the_update_guard_fires_after_and_only_for_forbidden_changes(observer: Conn) -> None:
+    """A BEFORE UPDATE trigger would lock every renewed row first: the guard is AFTER … WHEN."""
+    rows = observer.execute(
+        "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger"
+        " WHERE tgrelid = 'agent_run_attempts'::regclass AND NOT tgisinternal"
+    ).fetchall()
+    definitions = dict(rows)
+    updates = [d for d in definitions.values() if "UPDATE" in d]
+    assert len(updates) == 1, definitions
+    assert "AFTER UPDATE" in updates[0] and "WHEN" in updates[0], updates[0]
+    deletes = [d for d in definitions.values() if "DELETE" in d]
+    assert len(deletes) == 1 and "BEFORE DELETE" in deletes[0], definitions
+
+
+def test_a_statement_updating_one_finished_and_one_open_attempt_changes_neither(
+    observer: Conn, make_run: RunFactory, make_attempt: AttemptFactory
+) -> None:
+    finished = _finished_attempt(make_run, make_attempt)
+    run = make_run()
+    open_attempt = make_attempt(run.id)
+    before = (read_state(observer, finished.run_id), read_state(observer, run.id))
+    with pytest.raises(errors.RestrictViolation) as caught:
+        observer.execute(
+            "UPDATE agent_run_attempts SET heartbeat_at = now() WHERE id = ANY(%s)",
+            ([finished.id, open_attempt.id],),
+        )
+    assert _names_the_attempt(str(caught.value), finished), str(caught.value)
+    assert (read_state(observer, finished.run_id), read_state(observer, run.id)) == before
