@@ -36,6 +36,11 @@ Conn = psycopg.Connection[Any]
 LEASE = 30.0
 TIME_MAX = datetime(9000, 1, 1, tzinfo=UTC)
 TIME_MIN = datetime(2000, 1, 1, tzinfo=UTC)
+# Threads left running by other tests (jittered back-offs) move the global random state while
+# Hypothesis draws; it then warns about the random module in strategies, which none use here.
+FOREIGN_RANDOM = pytest.mark.filterwarnings(
+    "ignore:Do not use the `random` module inside strategies"
+)
 PROPERTY = settings(
     max_examples=40,
     deadline=None,
@@ -488,6 +493,7 @@ def owned_runs(repo: AgentRunRepository, t0: datetime) -> Callable[[], str]:
     return claim
 
 
+@FOREIGN_RANDOM
 @PROPERTY
 @given(manifest=MANIFESTS)
 @example(manifest={"negative zero": -0.0, "e16": 1e16, "e23": 1e23, "max": 1.7976931348623157e308})
@@ -526,6 +532,7 @@ def _jsonb_rewrites(value: Any) -> bool:
     return False
 
 
+@FOREIGN_RANDOM
 @settings(max_examples=200, deadline=None, database=None)
 @given(manifest=MANIFESTS)
 def test_the_fingerprint_is_the_documented_formula_when_jsonb_rewrites_no_number(
@@ -549,6 +556,7 @@ ODD_VALUES = st.recursive(
 )
 
 
+@FOREIGN_RANDOM
 @PROPERTY
 @given(payload=st.dictionaries(ODD_TEXT, ODD_VALUES, max_size=4))
 def test_every_payload_is_either_refused_by_name_or_stored_by_the_server(
