@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import random
 
+# A generator of its own: the jitter must not touch (or depend on) the global random state.
+_jitter = random.Random()
+
 
 class Backoff:
     """Delays of initial, 2 x initial, … up to `cap`, each scaled by a random 0.5–1.0."""
@@ -16,7 +19,7 @@ class Backoff:
     def next_delay(self) -> float:
         delay = min(self.cap, self.initial * 2.0 ** min(self.failures, 30))
         self.failures += 1
-        return delay * random.uniform(0.5, 1.0)
+        return delay * _jitter.uniform(0.5, 1.0)
 
     def reset(self) -> None:
         self.failures = 0
