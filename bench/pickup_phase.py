@@ -15,9 +15,11 @@ import contextlib
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Final, LiteralString
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import agent_runs
 from agent_runs import AgentRunRepository
@@ -41,10 +44,11 @@ class _Sizes:
     workers: int
     runs: int  # per latency sample
     idle_seconds: float  # idle-load window
+    settle_seconds: float  # before it: PostgreSQL's idle statistics flush takes up to 10 s
 
 
-FULL: Final = _Sizes(workers=2, runs=150, idle_seconds=20.0)
-QUICK: Final = _Sizes(workers=1, runs=15, idle_seconds=3.0)
+FULL: Final = _Sizes(workers=2, runs=120, idle_seconds=20.0, settle_seconds=11.0)
+QUICK: Final = _Sizes(workers=1, runs=15, idle_seconds=3.0, settle_seconds=1.0)
 
 
 def run_phase(url: str, quick: bool) -> dict[str, Any]:
@@ -75,11 +79,23 @@ def run_phase(url: str, quick: bool) -> dict[str, Any]:
         for run_id in sleepers:
             repo.set_terminal_status(run_id, status="cancelled")
         _await_finished(conn, sleepers)
-        # Only the idle worker's sessions remain on the database.
-        with _workers(url, 1, "idle-load") as names:
+        # Only the idle worker's sessions remain on the database (tables vacuumed first, so
+        # autovacuum has no reason to visit during the window).
+        conn.execute("VACUUM (ANALYZE) agent_runs, agent_run_attempts")
+        with (
+            _RoundTripCounter(url) as counter,
+            _workers(counter.url, 1, "idle-load") as names,
+        ):
             _warm_up(repo, conn, names)
-            time.sleep(2.0)  # past the warm-up run's last statements
-            result["idle_load"] = _idle_load(url, sizes.idle_seconds)
+            # Statistics still pending from before the window must not land in it: ours are
+            # flushed now; an idle backend flushes its own within 10 s.
+            conn.execute("SELECT pg_stat_force_next_flush()")
+            time.sleep(sizes.settle_seconds)
+            before = counter.count
+            load = _idle_load(url, sizes.idle_seconds)
+            load["round_trips"] = counter.count - before
+            load["round_trips_per_s"] = load["round_trips"] / load["seconds"]
+            result["idle_load"] = load
     return result
 
 
@@ -105,8 +121,10 @@ def render_phase(result: dict[str, Any]) -> list[str]:
         f"{result['workers']} idle worker process(es) x {result['concurrency']} threads, runs "
         f"one at a time at {result['gap_ms'][0]:.0f}-{result['gap_ms'][1]:.0f} ms gaps:",
         table(["workers", "runs", "p50", "p90", "p99", "mean", "max"], rows),
-        f"Idle load: one idle worker process costs {load['tx_per_s']:.2f} transactions/s "
-        f"({load['transactions']} in {load['seconds']:.1f} s, probe excluded)",
+        f"Idle load of one idle worker process over {load['seconds']:.1f} s: "
+        f"{load['round_trips_per_s']:.2f} round trips/s on its connections (each one "
+        f"transaction: {load['round_trips']} counted on the wire); the server's xact_commit "
+        f"counter: {load['tx_per_s']:.2f}/s ({load['transactions']}, probe excluded)",
     ]
 
 
@@ -282,3 +300,89 @@ def _idle_load(url: str, seconds: float) -> dict[str, Any]:
         "transactions": transactions,
         "tx_per_s": transactions / elapsed,
     }
+
+
+class _RoundTripCounter:
+    """A TCP relay in front of the server that counts ReadyForQuery messages: one per round
+    trip the server answered (a pipelined BEGIN, statement, COMMIT is one; so is a simple
+    query). Exact, where pg_stat_database's counters are flushed lazily (and, on PostgreSQL
+    15, count more than the statements run)."""
+
+    def __init__(self, url: str) -> None:
+        params = conninfo_to_dict(url)
+        host = str(params.get("host") or "localhost")
+        port = int(params.get("port") or 5432)
+        if host.startswith("/"):
+            self._upstream: tuple[int, Any] = (socket.AF_UNIX, f"{host}/.s.PGSQL.{port}")
+        else:
+            self._upstream = (socket.AF_INET, (host, port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        # No SSL or GSS negotiation: the relay reads plain protocol messages.
+        self.url = make_conninfo(
+            url,
+            host="127.0.0.1",
+            port=self._listener.getsockname()[1],
+            sslmode="disable",
+            gssencmode="disable",
+        )
+        self.count = 0
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._closed = False
+
+    def __enter__(self) -> _RoundTripCounter:
+        threading.Thread(target=self._accept, name="round-trip-relay", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._closed = True
+        self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            family, address = self._upstream
+            server = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                server.connect(address)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets += [client, server]
+            threading.Thread(target=self._pipe, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, True), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, from_server: bool) -> None:
+        pending = b""
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+                if from_server:
+                    pending = self._count_messages(pending + data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def _count_messages(self, buffer: bytes) -> bytes:
+        """Count whole ReadyForQuery ('Z') messages; return the incomplete tail."""
+        at = 0
+        while len(buffer) - at >= 5:
+            length = int.from_bytes(buffer[at + 1 : at + 5], "big")
+            if len(buffer) - at < 1 + length:
+                break
+            if buffer[at : at + 1] == b"Z":
+                with self._lock:
+                    self.count += 1
+            at += 1 + length
+        return buffer[at:]
