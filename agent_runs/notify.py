@@ -57,6 +57,8 @@ _LISTENER_DEFAULTS: Final[Mapping[str, Any]] = {
 }
 
 log = logging.getLogger("agent_runs.notify")
+# Reconnect jitter from a generator of its own (never the global random state).
+_jitter = random.Random()
 
 
 def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds: float) -> AgentRun:
@@ -226,7 +228,7 @@ class Wakeups:
                     log.debug("listener reconnect failed: %s", type(exc).__name__)
                 delay = min(_BACKOFF_CAP_SECONDS, _BACKOFF_BASE_SECONDS * 2**failures)
                 failures = min(failures + 1, 16)
-                self._stop.wait(delay * random.uniform(0.5, 1.0))
+                self._stop.wait(delay * _jitter.uniform(0.5, 1.0))
         self._listening = False
 
     def _receive(self, conn: psycopg.Connection[Any]) -> None:
