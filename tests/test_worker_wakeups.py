@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from psycopg_pool import ConnectionPool
@@ -50,7 +51,7 @@ class Running:
         assert not any(t.is_alive() for t in self.threads)
 
 
-def _listening_worker(pool: ConnectionPool, dsn: str, **kwargs: object) -> Worker:
+def _listening_worker(pool: ConnectionPool, dsn: str, **kwargs: Any) -> Worker:
     def agent(run: AgentRun, ctx: RunContext) -> AgentResult:
         return AgentResult.completed()
 
@@ -67,7 +68,8 @@ def test_a_listening_worker_picks_up_new_runs_without_waiting_for_its_poll(
         time.sleep(0.3)  # both claimers have found nothing and wait for a wake-up
         for n in range(3):
             run = repo.create_run(thread_id=f"t{n}", agent_slug="a", uid="u", request_id=f"r{n}")
-            assert wait_until(lambda run=run: _completed(repo.get_run(run.id)), timeout=5.0)
+            run_id = run.id
+            assert wait_until(lambda: _completed(repo.get_run(run_id)), timeout=5.0)
 
 
 def test_a_worker_serving_other_slugs_is_not_woken(
