@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import os
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping
@@ -81,6 +83,19 @@ def _attempt(row: Row) -> RunAttempt:
     if pick is None:  # pragma: no cover - every attempt statement returns its columns
         raise AssertionError("this result carries no attempt")
     return RunAttempt(*_utc(list(pick(row.values)), _ATTEMPT_TIMESTAMPS))
+
+
+def new_run_id() -> str:
+    """A random UUID of version 7: its first 48 bits are the Unix time in milliseconds.
+
+    New runs' keys then land at the right end of the primary key index (no page splits
+    scattered over the whole index, fewer page images in the WAL); uniqueness rests on the 74
+    random bits, as for uuid4.
+    """
+    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10))
+    value = value & ~(0xF << 76) | 0x7 << 76  # version 7
+    value = value & ~(0x3 << 62) | 0x2 << 62  # RFC 9562 variant
+    return str(uuid.UUID(int=value))
 
 
 _P = ParamSpec("_P")
@@ -195,7 +210,7 @@ class AgentRunRepository(OperatorQueries):
             ),
             "run_type": check.run_type(run_type),
             "created_by_run_id": check.optional_identifier("created_by_run_id", created_by_run_id),
-            "run_id": str(uuid.uuid4()) if run_id is None else check.identifier("run_id", run_id),
+            "run_id": new_run_id() if run_id is None else check.identifier("run_id", run_id),
         }
         try:
             rows = self._execute("create_run", params)
@@ -274,8 +289,31 @@ class AgentRunRepository(OperatorQueries):
         agent_slugs: list[str] | None = None,
     ) -> AgentRun | None:
         """Claim the oldest claimable run (FIFO by created_at, id), or None when there is none."""
+        row = self._claim_next("claim_next", worker_id, lease_seconds, now, agent_slugs)
+        return None if row is None else _run(row)
+
+    def claim_next_attempt(
+        self,
+        *,
+        worker_id: str,
+        lease_seconds: float,
+        now: datetime | None = None,
+        agent_slugs: list[str] | None = None,
+    ) -> tuple[AgentRun, int] | None:
+        """claim_next that also answers the attempt_no it opened (no second read needed)."""
+        row = self._claim_next("claim_next", worker_id, lease_seconds, now, agent_slugs)
+        return None if row is None else (_run(row), int(row["attempt_no"]))
+
+    def _claim_next(
+        self,
+        name: LiteralString,
+        worker_id: str,
+        lease_seconds: float,
+        now: datetime | None,
+        agent_slugs: list[str] | None,
+    ) -> Row | None:
         rows = self._claim(
-            "claim_next",
+            name,
             {
                 "worker_id": check.worker_id(worker_id),
                 "lease_seconds": check.lease_seconds(lease_seconds),
@@ -284,7 +322,7 @@ class AgentRunRepository(OperatorQueries):
                 "lost_message": LEASE_EXPIRED_MESSAGE,
             },
         )
-        return _run(rows[0]) if rows else None
+        return rows[0] if rows else None
 
     def renew_lease(
         self,

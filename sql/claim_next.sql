@@ -1,7 +1,7 @@
 -- claim_next: the initial claim of mark_running, on the oldest claimable run.
 -- from: pending | ownerless cancel_requested, by (created_at, id), of agent_slugs if given
 -- to:   pending -> running, owned, leased; any open attempt -> lease_expired; attempt max + 1
--- returns: the run as it is now, no row when nothing is claimable
+-- returns: the run as it is now and the attempt_no it opened, no row when nothing is claimable
 -- notes: sql/README.md (clock, CASE not IN, data-modifying CTEs, lock order)
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
@@ -39,7 +39,7 @@ opened AS (
          LATERAL (SELECT coalesce(max(a.attempt_no), 0) AS n, max(a.finished_at) AS ended
                   FROM agent_run_attempts a WHERE a.run_id = lease.id) AS previous
     WHERE (SELECT count(*) FROM expired) >= 0
-    RETURNING id
+    RETURNING attempt_no
 )
 UPDATE agent_runs r
 SET status = CASE WHEN r.status = 'pending' THEN 'running' ELSE r.status END,
@@ -50,4 +50,4 @@ SET status = CASE WHEN r.status = 'pending' THEN 'running' ELSE r.status END,
     updated_at = lease.now
 FROM lease
 WHERE r.id = lease.id
-RETURNING r.*
+RETURNING r.*, (SELECT attempt_no FROM opened) AS attempt_no

@@ -239,14 +239,16 @@ class Worker:
             return None
         token = self.new_owner_token()
         claimed_at: float | None = None
+        attempt_no: int | None = None  # known from the claim's own answer
         try:
             with self.repository() as repo:
                 # Taken after the checkout (which may wait out an outage) and before the claim
                 # is sent: the lease cannot start earlier in the database. Conservative.
                 claimed_at = time.monotonic()
-                run = repo.claim_next(
+                claimed = repo.claim_next_attempt(
                     worker_id=token, lease_seconds=self.lease_seconds, agent_slugs=self.agent_slugs
                 )
+            run, attempt_no = (None, None) if claimed is None else claimed
         except DB_ERRORS:
             if claimed_at is None:  # no connection: the claim was never sent
                 raise
@@ -260,7 +262,7 @@ class Worker:
             return None
         lease = self.heartbeat.track(run.id, token, deadline=claimed_at + self.lease_seconds)
         try:
-            return self._execute(run, lease, stop)
+            return self._execute(run, lease, stop, attempt_no)
         finally:
             self.heartbeat.untrack(lease)
 
@@ -276,13 +278,16 @@ class Worker:
 
     # -- one run ---------------------------------------------------------------------------
 
-    def _execute(self, run: AgentRun, lease: Lease, stop: threading.Event | None) -> AgentRun:
+    def _execute(
+        self, run: AgentRun, lease: Lease, stop: threading.Event | None, attempt_no: int | None
+    ) -> AgentRun:
         tag = f"run {run.id} ({lease.worker_id})"
-        try:
-            attempt_no = self.with_lease_retry(lease, _own_attempt_no(run.id, lease), "read")
-        except LeaseLost:
-            log.warning("%s: lease lost before the agent started; writing nothing", tag)
-            return self.completer.reread(run)
+        if attempt_no is None:  # a claim found after its reply was lost: read our attempt
+            try:
+                attempt_no = self.with_lease_retry(lease, _own_attempt_no(run.id, lease), "read")
+            except LeaseLost:
+                log.warning("%s: lease lost before the agent started; writing nothing", tag)
+                return self.completer.reread(run)
         if attempt_no is None:
             lease.lost = True
             log.warning("%s: no open attempt of ours after the claim; writing nothing", tag)
