@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -25,6 +25,10 @@ def pool(dsn: str) -> Iterator[ConnectionPool]:
 
 def _completed(run: AgentRun | None) -> bool:
     return run is not None and run.status == RunStatus.COMPLETED
+
+
+def _completion_of(repo: AgentRunRepository, run_id: str) -> Callable[[], bool]:
+    return lambda: _completed(repo.get_run(run_id))
 
 
 class Running:
@@ -68,8 +72,7 @@ def test_a_listening_worker_picks_up_new_runs_without_waiting_for_its_poll(
         time.sleep(0.3)  # both claimers have found nothing and wait for a wake-up
         for n in range(3):
             run = repo.create_run(thread_id=f"t{n}", agent_slug="a", uid="u", request_id=f"r{n}")
-            run_id = run.id
-            assert wait_until(lambda: _completed(repo.get_run(run_id)), timeout=5.0)
+            assert wait_until(_completion_of(repo, run.id), timeout=5.0)
 
 
 def test_a_worker_serving_other_slugs_is_not_woken(
