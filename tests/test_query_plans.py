@@ -11,14 +11,17 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
-from datetime import datetime
-from typing import Any, Final
+from datetime import UTC, datetime
+from typing import Any, Final, LiteralString
 
 import psycopg
 import pytest
+from psycopg import sql
 
 import agent_runs
+from agent_runs import AgentRunRepository
 from agent_runs.repository import LEASE_EXPIRED_MESSAGE
+from agent_runs.sql import query
 from agent_runs.transport import statement
 
 Conn = psycopg.Connection[Any]
@@ -237,3 +240,161 @@ def test_the_reconciler_reads_only_live_runs_when_the_backlog_is_known(
         plan = _plan(conn, "reconcile_expired_leases.lock", {"now": t0, "limit": 500}, mode)
     used = {node.get("Index Name") for node in _nodes(plan)}
     assert "ix_agent_runs_live" in used, _describe(plan)
+
+
+# --- plans over a realistic table: history, backlog, live and lost leases ---------------------
+
+
+# Values for the named parameters of the hot queries, by name, for EXPLAIN.
+def _params(name: str, values: dict[str, Any]) -> dict[str, Any]:
+    wanted = set(re.findall(r"%\((\w+)\)s", query(name)))
+    missing = wanted - set(values)
+    assert not missing, f"{name}.sql takes parameters this test has no value for: {missing}"
+    return {key: values[key] for key in wanted}
+
+
+def _plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+def _explain(observer: Conn, statement: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    text = "EXPLAIN (FORMAT JSON)\n" + statement
+    row = observer.execute(text, params).fetchone()
+    assert row is not None
+    return list(_plan_nodes(row[0][0]["Plan"]))
+
+
+def _explain_generic(observer: Conn, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The generic plan of the statement the repository prepares for sql/<name>.sql."""
+    stmt = statement(name)
+    with observer.transaction(force_rollback=True):
+        observer.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        observer.execute(stmt.prepare)
+        try:
+            args = sql.SQL(", ").join(sql.Literal(params[param]) for param in stmt.params)
+            row = observer.execute(
+                sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {} ({})").format(
+                    sql.Identifier(stmt.name), args
+                )
+            ).fetchone()
+        finally:
+            observer.execute(sql.SQL("DEALLOCATE {}").format(sql.Identifier(stmt.name)))
+    assert row is not None
+    return list(_plan_nodes(row[0][0]["Plan"]))
+
+
+def _index_scans(nodes: list[dict[str, Any]]) -> set[str]:
+    return {node["Index Name"] for node in nodes if "Index Name" in node}
+
+
+def _seq_scanned(nodes: list[dict[str, Any]]) -> set[str]:
+    return {node["Relation Name"] for node in nodes if node["Node Type"] == "Seq Scan"}
+
+
+def _sorts(nodes: list[dict[str, Any]]) -> list[str]:
+    return [node["Node Type"] for node in nodes if "Sort" in node["Node Type"]]
+
+
+def _seed_table(observer: Conn, *, pending: int, finished: int, live: int, expired: int) -> None:
+    """A realistic table: a long finished history, a backlog, a few live and lost leases."""
+    counts = {"pending": pending, "finished": finished, "live": live, "expired": expired}
+    for insert in _TABLE_SEED:
+        observer.execute(insert, counts)
+    observer.execute("ANALYZE agent_runs")
+    observer.execute("ANALYZE agent_run_attempts")
+
+
+_TABLE_SEED: list[LiteralString] = [
+    """
+    INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid, status,
+                            created_at, started_at, finished_at)
+    SELECT 'done-' || i, 'done-req-' || i, 'done-thread-' || i, 'agent-' || (i %% 7), 'u',
+           'completed', now() - interval '30 days' + i * interval '1 second',
+           now() - interval '30 days', now() - interval '29 days'
+    FROM generate_series(1, %(finished)s) AS i
+    """,
+    """
+    INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid, created_at)
+    SELECT 'todo-' || i, 'todo-req-' || i, 'todo-thread-' || i, 'agent-' || (i %% 7), 'u',
+           now() - interval '1 day' + i * interval '1 second'
+    FROM generate_series(1, %(pending)s) AS i
+    """,
+    """
+    INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid, status, worker_id,
+                            heartbeat_at, lease_expires_at, started_at)
+    SELECT 'live-' || i, 'live-req-' || i, 'live-thread-' || i, 'agent-1', 'u', 'running',
+           'w-' || i, now(), now() + interval '1 hour', now()
+    FROM generate_series(1, %(live)s) AS i
+    """,
+    """
+    INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid, status, worker_id,
+                            heartbeat_at, lease_expires_at, started_at)
+    SELECT 'lost-' || i, 'lost-req-' || i, 'lost-thread-' || i, 'agent-1', 'u', 'running',
+           'w-lost-' || i, now() - interval '2 hours', now() - interval '1 hour',
+           now() - interval '2 hours'
+    FROM generate_series(1, %(expired)s) AS i
+    """,
+]
+
+
+# The sql/ files each repository method runs.
+_FILES_OF = {
+    "claim_next": ["claim_next"],
+    "reconcile_expired_leases": ["reconcile_expired_leases", "reconcile_expired_leases.lock"],
+}
+
+
+def _plans(observer: Conn, method: str, values: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """Custom and generic plans of every sql/ file the repository method uses."""
+    names = _FILES_OF[method]
+    plans = []
+    for name in names:
+        params = _params(name, values)
+        plans.append(_explain(observer, query(name), params))
+        plans.append(_explain_generic(observer, name, params))
+    return plans
+
+
+@pytest.mark.parametrize("agent_slugs", [None, ["agent-3"], ["agent-2", "agent-5"]])
+def test_claim_next_reads_the_claimable_index_in_order_without_sorting(
+    repo: AgentRunRepository, observer: Conn, agent_slugs: list[str] | None
+) -> None:
+    _seed_table(observer, pending=2000, finished=4000, live=20, expired=0)
+    values = {
+        "worker_id": "w",
+        "lease_seconds": 30.0,
+        "now": None,
+        "agent_slugs": agent_slugs,
+        "lost_message": "lost",
+    }
+    plans = _plans(observer, "claim_next", values)
+    for plan in plans:
+        assert not _sorts(plan), f"claim_next sorts: {_sorts(plan)}"
+        assert "agent_runs" not in _seq_scanned(plan)
+        assert "ix_agent_runs_claimable" in _index_scans(plan)
+    # And the real call takes the oldest claimable run of those slugs from that backlog.
+    oldest = observer.execute(
+        "SELECT id FROM agent_runs WHERE status = 'pending'"
+        " AND (%(slugs)s::text[] IS NULL OR agent_slug = ANY(%(slugs)s::text[]))"
+        " ORDER BY created_at, id LIMIT 1",
+        {"slugs": agent_slugs},
+    ).fetchone()
+    claimed = repo.claim_next(worker_id="w", lease_seconds=30, agent_slugs=agent_slugs)
+    assert claimed is not None and oldest is not None and claimed.id == oldest[0]
+
+
+def test_the_reconciler_finds_lost_leases_through_the_live_index(
+    repo: AgentRunRepository, observer: Conn
+) -> None:
+    _seed_table(observer, pending=1000, finished=5000, live=30, expired=5)
+    lost = [f"lost-{i}" for i in range(1, 6)]
+    values = {"now": None, "limit": 500, "lost_message": "lost", "run_ids": lost}
+    plans = _plans(observer, "reconcile_expired_leases", values)
+    for plan in plans:
+        assert "agent_runs" not in _seq_scanned(plan)
+    assert any("ix_agent_runs_live" in _index_scans(plan) for plan in plans[::2])  # custom
+    assert any("ix_agent_runs_live" in _index_scans(plan) for plan in plans[1::2])  # generic
+    converged = repo.reconcile_expired_leases(now=datetime.now(UTC))
+    assert sorted(run.id for run in converged) == lost
