@@ -1,4 +1,4 @@
-"""The transition rules of SPEC section 3, rule by rule, read back from the database."""
+"""The transition rules, rule by rule, read back from the database."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bad input (SPEC 3 "Errors and bad input"): named, refused before any SQL, nothing written."""
+"""Bad input: refused by name before any SQL, nothing written."""
 
 from __future__ import annotations
 
@@ -406,7 +406,7 @@ def test_values_at_the_limits_are_accepted(
 
 
 def test_an_unknown_run_type_is_refused_by_name(repo: AgentRunRepository, observer: Conn) -> None:
-    """SPEC is silent on the error type; a careful user expects InvalidArgument, not a CHECK."""
+    """A careful user expects InvalidArgument, not a CHECK."""
     with pytest.raises(InvalidArgument, match="run_type"):
         repo.create_run(thread_id="t", agent_slug="a", uid="u", request_id="r", run_type="batch")
     assert everything(observer) == ([], [])
