@@ -263,6 +263,9 @@ def test_a_dropped_listener_reconnects_and_posts_a_catch_up_wakeup(
         # Nothing was created: the only wake-up there can be is the reconnect's catch-up.
         assert wakeups.wait(30)
         assert wakeups.listening
+        deadline = time.monotonic() + 10  # the terminated backend may linger a moment
+        while pids[0] in _listener_pids(observer) and time.monotonic() < deadline:
+            time.sleep(0.02)
         new_pids = _listener_pids(observer)
         assert len(new_pids) == 1 and new_pids != pids
         new_run(repo)  # and the new connection listens
