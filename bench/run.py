@@ -265,7 +265,10 @@ def run(server: BenchServer, settings: Settings) -> dict[str, Any]:
     results["claim_scaling"] = claim_scaling(server, settings)
     for key, module in DEPLOYMENT_PHASES:
         log(f"{key}: {module.__doc__.splitlines()[0] if module.__doc__ else key}")
-        results[key] = module.run_phase(server.fresh_database(key), settings.quick)
+        try:
+            results[key] = module.run_phase(server.fresh_database(key), settings.quick)
+        except Exception as exc:  # one deployment phase failing keeps the other results
+            log(f"{key}: failed ({type(exc).__name__}: {exc}); phase left out")
     return results
 
 
