@@ -103,6 +103,8 @@ class Worker:
         self._next_reconcile = 0.0
         self._wakeups_lock = threading.Lock()
         self._wakeups: Wakeups | None = None
+        self._poll_lock = threading.Lock()
+        self._next_poll = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -186,16 +188,38 @@ class Worker:
                 self._idle(stop, wakeups)
 
     def _idle(self, stop: threading.Event, wakeups: Wakeups | None) -> None:
-        """Wait until a wake-up, the poll interval, or a stop request."""
-        deadline = time.monotonic() + self.poll_seconds
+        """Wait until a wake-up, the safety-net poll, or a stop request.
+
+        While the listener is up, the poll is one claim per process per poll interval (the
+        first idle thread whose wait runs out takes it; the others go on waiting for wake-ups),
+        so an idle process costs the server the same whatever its thread count. While it is
+        down (or without wake-ups) every idle thread polls every `poll_seconds`, at most 1 s
+        when listening was meant to be there.
+        """
+        started = time.monotonic()
         while not (stop.is_set() or self.stopping):
-            left = deadline - time.monotonic()
+            listening = wakeups is not None and wakeups.listening
+            interval = self.poll_seconds if listening else min(self.poll_seconds, 1.0)
+            if wakeups is None:
+                interval = self.poll_seconds
+            left = started + interval - time.monotonic()
             if left <= 0:
-                return
+                if not listening or self._take_poll_turn():
+                    return
+                left = _IDLE_SLICE_SECONDS
             if wakeups is None:
                 stop.wait(min(left, _IDLE_SLICE_SECONDS))
             elif wakeups.wait(min(left, _IDLE_SLICE_SECONDS)):
                 return
+
+    def _take_poll_turn(self) -> bool:
+        """Whether this idle thread makes the process's next safety-net claim."""
+        with self._poll_lock:
+            now = time.monotonic()
+            if now < self._next_poll:
+                return False
+            self._next_poll = now + self.poll_seconds
+            return True
 
     def _listen(self) -> Wakeups | None:
         """The process's wake-up listener, started by the first loop that needs it."""
