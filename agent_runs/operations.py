@@ -2,6 +2,7 @@
 
 `OperatorQueries` is a mixin of `AgentRunRepository`: it runs its SQL through the repository's
 plumbing (`_execute`: one explicit transaction per call, a savepoint inside the caller's).
+Its length is the four queries' typed values and argument checks, kept beside the queries.
 """
 
 from __future__ import annotations

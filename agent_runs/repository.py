@@ -1,4 +1,8 @@
-"""AgentRunRepository: every transition of a run and its attempts, one SQL file each."""
+"""AgentRunRepository: every transition of a run and its attempts, one SQL file each.
+
+One class per table pair on purpose: each public method is a short validation block around one
+sql/ file; the operator's queries live in operations.py and are mixed in.
+"""
 
 from __future__ import annotations
 

@@ -10,6 +10,10 @@ JSON text to format on the server and parse here).
 Where that path does not apply (inside the caller's transaction, in the caller's own pipeline,
 on a libpq without pipeline mode), the repository runs the same SQL the classic way.
 
+Longer than most modules on purpose: everything that touches psycopg below its connection API
+(libpq pipeline, socket waiting, result loading, prepared-statement bookkeeping) lives here and
+nowhere else.
+
 Without named statements (`conn.prepare_threshold is None`, psycopg's convention, or once a
 connection pooler has been detected on the connection) the same pipeline carries unnamed
 statements: still one round trip, only parsed each time. Prepared statement names end with a

@@ -1,5 +1,7 @@
 """Input checks that run before any SQL: a bad argument is refused by name, nothing is written.
 
+Every limit of the module in one place (hence its length): one small function per argument kind.
+
 Limits (the schema enforces the same time window, see migrations/0003_timestamp_bounds.sql):
 
 - Identifiers (run_id, request_id, thread_id, uid, agent_slug, created_by_run_id): a str of

@@ -1,4 +1,8 @@
-"""Operator commands: `runs`, `cancel`, `stats`, `prune` (each with --json or a readable table)."""
+"""Operator commands: `runs`, `cancel`, `stats`, `prune` (each with --json or a readable table).
+
+Four commands with a parser, a JSON form and a table each: longer than the other command
+modules, one section per command.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,9 @@ process holds) and its wake-up listener (one LISTEN connection per process). A w
 writes for a run while it can prove its lease: a refused renewal means the lease is lost (write
 nothing), and a lease whose renewals kept failing until its expiry by the worker's own monotonic
 clock is dropped (write nothing; the reconciler converges it).
+
+The loops, the claim (with its lost-reply recovery) and one execution read best together; the
+decision and the writing live in outcome.py and completer.py.
 """
 
 from __future__ import annotations
