@@ -52,6 +52,7 @@ class Target:
             "value": self.value,
             "threshold": self.threshold,
             "comparison": ">=" if self.at_least else "<=",
+            "unit": self.unit,
             "passed": self.passed,
         }
 
@@ -63,7 +64,8 @@ def fmt(value: float, unit: str = "") -> str:
         return f"{value * 100:.1f} %"
     if unit == "x":
         return f"{value:.2f}"
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
+    number = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
+    return number + unit
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, indent: str = "  ") -> str:
