@@ -5,7 +5,8 @@ In order: a cancel request -> `cancelled`; the agent raised SystemExit or Keyboa
 released for retry unless the agent returned `completed`; RetryableError -> released while
 attempt_no < max_tries, else `failed` / `retries_exhausted`; any other exception -> `failed` /
 `agent_error`; a value that is not a valid AgentResult -> `failed` / `agent_error`, saying
-what it was; else the AgentResult. Error text from the agent is a fact: it is made storable, never dropped.
+what it was; else the AgentResult. Error text from the agent is a fact: it is made storable,
+never dropped.
 """
 
 from __future__ import annotations
