@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 # Bidi controls that reorder what follows them on screen (the "Trojan source" characters).
@@ -35,3 +36,17 @@ def _unsafe(ch: str) -> bool:
     category = unicodedata.category(ch)
     # Cc: C0/C1/DEL; Cs: lone surrogates; Zl/Zp: U+2028/U+2029 line breaks.
     return category in ("Cc", "Cs", "Zl", "Zp")
+
+
+def aligned(rows: Iterable[Sequence[str]]) -> list[str]:
+    """Rows of printable cells (the first one the header) as an aligned table, a rule under the
+    header. Cells must already be safe to print: pass values from users and agents through
+    `escape`."""
+    cells = [list(row) for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    out = [
+        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in cells
+    ]
+    out.insert(1, "  " + "  ".join("-" * w for w in widths))
+    return out

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from agent_runs.display import escape
+from agent_runs.display import aligned, escape
 from agent_runs.explain import Explanation
 from agent_runs.models import AgentRun, RunAttempt
 
@@ -76,13 +76,7 @@ def attempts_table(attempts: Sequence[RunAttempt]) -> list[str]:
         )
         for a in attempts
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(ATTEMPT_COLUMNS))]
-    out = [
-        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
-    out.insert(1, "  " + "  ".join("-" * w for w in widths))
-    return out
+    return aligned(rows)
 
 
 def _json_value(value: Any) -> Any:

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from agent_runs.cli.common import UsageError, open_connection, positive_int
-from agent_runs.display import escape
+from agent_runs.display import aligned, escape
 from agent_runs.durations import format_duration, parse_duration, parse_since
 from agent_runs.models import AgentRun, RunStatus
 from agent_runs.operations import RunStats, RunSummary, runs_cursor
@@ -302,14 +302,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
     """An aligned table; every cell escaped (values from users and agents)."""
-    cells = [list(columns)] + [[escape(cell) for cell in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    out = [
-        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in cells
-    ]
-    out.insert(1, "  " + "  ".join("-" * w for w in widths))
-    return out
+    return aligned([list(columns)] + [[escape(cell) for cell in row] for row in rows])
 
 
 def _pairs(items: Iterable[tuple[str, int]]) -> str:

@@ -66,7 +66,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         type=positive_float,
         default=None,
         metavar="P",
-        help="safety-net poll between claims while idle (default: 5 with wake-ups, 1 without)",
+        help="safety-net poll while idle (default: 10 per process with wake-ups, 1 without)",
     )
     p.add_argument(
         "--listen-dsn",
