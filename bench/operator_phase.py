@@ -2,13 +2,16 @@
 
 Seeds finished runs with their attempts (INSERT … SELECT generate_series, in chunks), a small
 backlog and a few lost leases, then times through the repository: `runs` by status, agent,
-worker and --stuck, `stats --since 1h`, and a prune (runs/s and the longest batch).
-Targets: every listing <= 20 ms, stats <= 200 ms, prune >= 5,000 runs/s, no batch over 500 ms.
+worker and --stuck, `stats --since 1h`, and a prune (runs/s and the longest batch) while a
+claimer claims and completes a backlog (claim_next p50 during the prune vs before it).
+Targets: every listing <= 20 ms, stats <= 200 ms, prune >= 5,000 runs/s, no batch over 500 ms,
+claim_next p50 during a prune within 1.5x of before.
 """
 
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -126,24 +129,80 @@ def run_phase(url: str, quick: bool) -> dict[str, Any]:
             result["listings"][name] = _timed(call, repeat)
         result["stats_1h"] = _timed(lambda: repo.run_stats(since=timedelta(hours=1)), repeat)
 
-        batches: list[float] = []
-        pruned = 0
-        started = time.perf_counter()
-        batch_started = started
-        for batch in repo.prune_batches(older_than=PRUNE_OLDER_THAN, batch_size=PRUNE_BATCH):
-            now = time.perf_counter()
-            batches.append((now - batch_started) * 1000)
-            batch_started = now
-            pruned += batch.runs
-        seconds = time.perf_counter() - started
-        result["prune"] = {
-            "runs": pruned,
-            "seconds": seconds,
-            "runs_per_s": pruned / seconds if seconds else 0.0,
-            "batches": len(batches),
-            "longest_batch_ms": max(batches, default=0.0),
-        }
+        conn.execute(_BACKLOG, {"count": 2_000 if quick else 20_000})
+        with agent_runs.connect(url) as claimer_conn:
+            claimer = AgentRunRepository(claimer_conn)
+            _claims_for(claimer, 0.2)  # warm: prepared statements, caches
+            before = _claims_for(claimer, 0.5 if quick else 2.0)
+            result["claims_before_prune"] = _summary(before)
+            during: list[float] = []
+            stop = threading.Event()
+            thread = threading.Thread(target=_claim_until, args=(claimer, stop, during))
+            thread.start()
+            try:
+                result["prune"] = _prune(repo)
+            finally:
+                stop.set()
+                thread.join()
+            result["claims_during_prune"] = _summary(during)
     return result
+
+
+def _prune(repo: AgentRunRepository) -> dict[str, Any]:
+    batches: list[float] = []
+    pruned = 0
+    started = time.perf_counter()
+    batch_started = started
+    for batch in repo.prune_batches(older_than=PRUNE_OLDER_THAN, batch_size=PRUNE_BATCH):
+        now = time.perf_counter()
+        batches.append((now - batch_started) * 1000)
+        batch_started = now
+        pruned += batch.runs
+    seconds = time.perf_counter() - started
+    return {
+        "runs": pruned,
+        "seconds": seconds,
+        "runs_per_s": pruned / seconds if seconds else 0.0,
+        "batches": len(batches),
+        "longest_batch_ms": max(batches, default=0.0),
+    }
+
+
+# Pending runs for the claim-latency comparison (recent: no prune ever takes them).
+_BACKLOG: Final[LiteralString] = """
+INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid, created_at)
+SELECT 'pend-' || i, 'pend-req-' || i, 'pend-thread-' || i, 'agent-9', 'user',
+       now() - interval '1 minute' + i * interval '1 millisecond'
+FROM generate_series(1, %(count)s::int) AS i
+"""
+
+
+def _claim_until(repo: AgentRunRepository, stop: threading.Event, latencies: list[float]) -> None:
+    """claim_next + completion in a loop until `stop`; each claim's latency in ms."""
+    while not stop.is_set():
+        started = time.perf_counter()
+        run = repo.claim_next(worker_id="bench-claimer:1", lease_seconds=60)
+        if run is None:
+            return
+        latencies.append((time.perf_counter() - started) * 1000)
+        repo.set_terminal_status(run.id, status="completed", worker_id="bench-claimer:1")
+
+
+def _claims_for(repo: AgentRunRepository, seconds: float) -> list[float]:
+    latencies: list[float] = []
+    stop = threading.Event()
+    thread = threading.Thread(target=_claim_until, args=(repo, stop, latencies))
+    thread.start()
+    time.sleep(seconds)
+    stop.set()
+    thread.join()
+    return latencies
+
+
+def _summary(latencies: list[float]) -> dict[str, Any]:
+    if not latencies:
+        return {"claims": 0, "p50_ms": float("nan")}
+    return {"claims": len(latencies), "p50_ms": statistics.median(latencies)}
 
 
 def render_phase(result: dict[str, Any]) -> list[str]:
@@ -169,5 +228,12 @@ def render_phase(result: dict[str, Any]) -> list[str]:
         f"  prune               {prune['runs']:,} runs in {prune['seconds']:.1f} s = "
         f"{prune['runs_per_s']:,.0f} runs/s, {prune['batches']} batches, longest "
         f"{prune['longest_batch_ms']:.0f} ms  {ok}"
+    )
+    before, during = result["claims_before_prune"], result["claims_during_prune"]
+    ratio = during["p50_ms"] / before["p50_ms"]
+    lines.append(
+        f"  claim_next p50      {before['p50_ms']:.2f} ms before a prune ({before['claims']} "
+        f"claims), {during['p50_ms']:.2f} ms during it ({during['claims']} claims): "
+        f"{ratio:.2f}x  {'ok' if ratio <= 1.5 else 'OVER'}"
     )
     return lines

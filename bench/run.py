@@ -364,6 +364,9 @@ def deployment_targets(results: dict[str, Any]) -> list[Target]:
         prune = operator["prune"]
         found.append(Target("prune rate", prune["runs_per_s"], 5000.0, True, " runs/s"))
         found.append(Target("longest prune batch", prune["longest_batch_ms"], 500.0, False, " ms"))
+        during = operator["claims_during_prune"]["p50_ms"]
+        ratio = during / operator["claims_before_prune"]["p50_ms"]
+        found.append(Target("claim_next p50 during a prune ÷ before", ratio, 1.5, False, "x"))
     return found
 
 
