@@ -54,10 +54,16 @@ class PgBouncer:
         return self.log.read_text(errors="replace")
 
 
-def _run_as() -> list[str]:
-    """PgBouncer refuses to run as root: drop to an unprivileged user then."""
+def _run_as(host: str) -> list[str]:
+    """PgBouncer refuses to run as root: drop to an unprivileged user then. A server reached by
+    a Unix socket is reached as the owner of the socket's directory (an embedded server keeps it
+    in its private data directory); otherwise as postgres, or nobody."""
     if os.geteuid() != 0:
         return []
+    if host.startswith("/"):
+        owner = pwd.getpwuid(os.stat(host).st_uid).pw_name
+        if owner != "root":
+            return ["-u", owner]
     for name in ("postgres", "nobody"):
         with contextlib.suppress(KeyError):
             pwd.getpwnam(name)
@@ -74,7 +80,8 @@ def pgbouncer(server_url: str, *, mode: str, pool_size: int = 2) -> Iterator[PgB
         raise FileNotFoundError("pgbouncer is not installed")
     params = {k: str(v) for k, v in conninfo_to_dict(server_url).items() if v is not None}
     user = params.get("user", "postgres")
-    target = f"host={params.get('host', '127.0.0.1')} port={params.get('port', '5432')}"
+    host = params.get("host", "127.0.0.1")
+    target = f"host={host} port={params.get('port', '5432')}"
     if "password" in params:
         target += f" password={params['password']}"
     with tempfile.TemporaryDirectory(prefix="agent_runs-pgbouncer-") as tmp:
@@ -102,7 +109,7 @@ def pgbouncer(server_url: str, *, mode: str, pool_size: int = 2) -> Iterator[PgB
         log = folder / "pgbouncer.log"
         with log.open("wb") as sink:
             process = subprocess.Popen(
-                [binary, *_run_as(), str(folder / "pgbouncer.ini")],
+                [binary, *_run_as(host), str(folder / "pgbouncer.ini")],
                 stdout=sink,
                 stderr=subprocess.STDOUT,
             )
