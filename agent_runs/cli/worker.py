@@ -251,7 +251,16 @@ def _reconcile_all(repo: AgentRunRepository, limit: int = 500) -> int:
 
 
 def worker_pool(args: argparse.Namespace, dsn: str, *, max_size: int) -> ConnectionPool:
-    # open() does not wait: a worker started before its database keeps retrying instead of dying.
+    """The worker process's pool. open() does not wait: a worker started before its database
+    keeps retrying instead of dying. No check per checkout (a round trip before every claim,
+    renewal and completion, and before an idle worker's first claim after a wake-up): the worker
+    retries a failed call with back-off on a fresh connection, and the pool drops the broken one
+    when it comes back."""
     return create_pool(
-        dsn, min_size=1, max_size=max_size, kwargs=connect_options(args), name="agent-runs"
+        dsn,
+        min_size=1,
+        max_size=max_size,
+        kwargs=connect_options(args),
+        name="agent-runs",
+        check=None,
     )
