@@ -76,7 +76,7 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
     deadline = time.monotonic() + timeout
     repo = AgentRunRepository(conn)
     # LISTEN before the first read: a run that ends after the read is then always notified.
-    conn.execute(_LISTEN_FINISHED)
+    conn.execute(_LISTEN_FINISHED, prepare=False)
     try:
         run = repo.get_run(run_id)
         if run is None:
@@ -101,7 +101,7 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
             and not conn.broken
             and conn.info.transaction_status == pq.TransactionStatus.IDLE
         ):
-            conn.execute(_UNLISTEN_FINISHED)
+            conn.execute(_UNLISTEN_FINISHED, prepare=False)
 
 
 def _timeout_seconds(value: object) -> float:
@@ -203,7 +203,7 @@ class Wakeups:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self._conninfo, **self._connect_kwargs) as conn:
-                    conn.execute(_LISTEN_CLAIMABLE)
+                    conn.execute(_LISTEN_CLAIMABLE, prepare=False)
                     self._listening = True
                     if dropped:
                         log.info("listening on %s again", CLAIMABLE_CHANNEL)

@@ -295,7 +295,7 @@ class OperatorQueries:
         changed: list[AgentRun] = []
         with self.conn.transaction():
             cur = self.conn.cursor()
-            cur.execute(query("request_cancel_tree"), params)
+            cur.execute(query("request_cancel_tree"), params, prepare=False)
             tree = rows_of(cur)
             if not tree:
                 raise InvalidArgument(f"run_id {run_id!r} is not an existing run")
@@ -325,7 +325,7 @@ class OperatorQueries:
             cur = self.conn.cursor()
 
             def rows(sql: LiteralString) -> list[Row]:
-                cur.execute(sql, params)
+                cur.execute(sql, params, prepare=False)
                 return rows_of(cur)
 
             head = rows(query("run_stats"))[0]
