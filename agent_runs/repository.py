@@ -373,14 +373,23 @@ class AgentRunRepository(OperatorQueries):
         return {row["id"]: RunStatus(row["status"]) for row in rows}
 
     def release_lease_for_retry(
-        self, run_id: str, *, worker_id: str, now: datetime | None = None
+        self,
+        run_id: str,
+        *,
+        worker_id: str,
+        error_type: str | None = None,
+        error_message: str | None = None,
+        now: datetime | None = None,
     ) -> bool:
-        """Give a running run back to the queue (pending); the attempt ends retry_released."""
+        """Give a running run back to the queue (pending); the attempt ends retry_released,
+        with the error that made it retry when one is given (the run keeps none)."""
         rows = self._execute(
             "release_lease_for_retry",
             {
                 "run_id": check.identifier("run_id", run_id),
                 "worker_id": check.worker_id(worker_id),
+                "error_type": check.error_type(error_type),
+                "error_message": check.error_message(error_message),
                 "now": check.now(now),
             },
         )

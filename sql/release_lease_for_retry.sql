@@ -1,7 +1,8 @@
 -- release_lease_for_retry: hand a running run back to the queue, by its live owner.
 -- from: running, same worker_id, lease_expires_at > now
--- to:   pending, lease cleared; the owner's open attempt -> retry_released (the next claim
---       opens attempt n + 1); wakes agent_runs_claimable with the run's agent_slug
+-- to:   pending, lease cleared; the owner's open attempt -> retry_released with the error
+--       that made it retry, if any (the next claim opens attempt n + 1); wakes
+--       agent_runs_claimable with the run's agent_slug
 -- returns: the run's id when released, no row when refused
 -- notes: sql/README.md (clock, CASE not IN, data-modifying CTEs, wake-ups)
 WITH clock AS (
@@ -21,8 +22,9 @@ released AS (
 ),
 finished AS (
     UPDATE agent_run_attempts a
-    SET (finished_at, updated_at, outcome) =
-        (released.updated_at, released.updated_at, 'retry_released')
+    SET (finished_at, updated_at, outcome, error_type, error_message) =
+        (released.updated_at, released.updated_at, 'retry_released', %(error_type)s::text,
+         %(error_message)s::text)
     FROM released
     WHERE a.run_id = %(run_id)s AND a.run_id = released.id AND a.finished_at IS NULL
       AND a.worker_id = %(worker_id)s::text

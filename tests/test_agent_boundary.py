@@ -246,3 +246,33 @@ def test_the_cli_worker_exits_non_zero_when_its_agent_raises_system_exit(
     ended = repo.get_run(run.id)
     assert ended is not None
     assert (ended.status, ended.error_type) == (RunStatus.INTERRUPTED, "agent_exit")
+
+
+def test_a_cancelled_run_keeps_the_error_its_agent_raised(
+    pool: ConnectionPool, repo: AgentRunRepository
+) -> None:
+    run = _create(repo)
+
+    def agent(run: AgentRun, ctx: RunContext) -> AgentResult:
+        repo.request_cancel(run.id)
+        assert ctx.wait(5.0)  # the heartbeat sees the cancel request
+        raise ValueError("stopped while writing order #42")
+
+    with Worker(pool, agent, name="boundary", lease_seconds=3, heartbeat_seconds=0.1) as worker:
+        ended = worker.run_once()
+    assert ended is not None and ended.status == RunStatus.CANCELLED
+    (attempt,) = repo.list_run_attempts(run.id)
+    assert (attempt.outcome, attempt.error_type) == ("cancelled", "agent_error")
+    assert attempt.error_message == "ValueError: stopped while writing order #42"
+
+
+def test_a_retry_release_keeps_the_retryable_error_on_the_attempt(
+    pool: ConnectionPool, repo: AgentRunRepository
+) -> None:
+    run = _create(repo)
+    ended = _run_with(pool, _raise(RetryableError("upstream 429, retry after 2s")))[1]
+    assert ended is not None and ended.status == RunStatus.PENDING
+    assert (ended.error_type, ended.error_message) == (None, None)  # the run keeps none
+    (attempt,) = repo.list_run_attempts(run.id)
+    assert (attempt.outcome, attempt.error_type) == ("retry_released", "retryable_error")
+    assert attempt.error_message == "RetryableError: upstream 429, retry after 2s"

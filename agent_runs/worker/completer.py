@@ -106,7 +106,13 @@ class Completer:
         """(the run as written, None) or, when refused, (None, the run as it is now)."""
         with self._repository() as repo:
             if decision.status is None:
-                if repo.release_lease_for_retry(run.id, worker_id=lease.worker_id):
+                released = repo.release_lease_for_retry(
+                    run.id,
+                    worker_id=lease.worker_id,
+                    error_type=decision.error_type,
+                    error_message=decision.error_message,
+                )
+                if released:
                     return repo.get_run(run.id) or run, None
                 return None, repo.get_run(run.id)
             transition = repo.set_terminal_status(

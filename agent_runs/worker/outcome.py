@@ -3,10 +3,11 @@
 In order: a cancel request -> `cancelled`; the agent raised SystemExit or KeyboardInterrupt ->
 `interrupted` (error_type `agent_exit`; the worker then stops); the worker is shutting down ->
 released for retry unless the agent returned `completed`; RetryableError -> released while
-attempt_no < max_tries, else `failed` / `retries_exhausted`; any other exception -> `failed` /
-`agent_error`; a value that is not a valid AgentResult -> `failed` / `agent_error`, saying
-what it was; else the AgentResult. Error text from the agent is a fact: it is made storable,
-never dropped.
+attempt_no < max_tries (the attempt keeps `retryable_error` and its text), else `failed` /
+`retries_exhausted`; any other exception -> `failed` / `agent_error`; a value that is not a
+valid AgentResult -> `failed` / `agent_error`, saying what it was; else the AgentResult. A
+cancel or a shutdown release keeps the error the agent's ending carried. Error text from the
+agent is a fact: it is made storable, never dropped.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class Decision:
 
 RELEASE: Final = Decision(None)
 CANCELLED: Final = Decision(RunStatus.CANCELLED)
+# Results whose error_type/error_message are the agent's own account of what went wrong.
+_ERROR_STATUSES: Final = frozenset({RunStatus.FAILED, RunStatus.INTERRUPTED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +62,16 @@ def decide(ending: Ending, *, stop_reason: str | None, attempt_no: int, max_trie
     """The decision for an execution whose lease is still ours (see the module docstring)."""
     raised = ending.raised
     if stop_reason == "cancel_requested":
-        return CANCELLED
+        return _keeping_error(RunStatus.CANCELLED, ending)
     if ending.stops_worker:
         assert raised is not None
         return _failure(RunStatus.INTERRUPTED, "agent_exit", exception_text(raised))
     if stop_reason == "shutdown" and not _completed(ending):
-        return RELEASE  # the agent was asked to stop: let another worker run it again
+        # The agent was asked to stop: let another worker run it again.
+        return _keeping_error(None, ending)
     if isinstance(raised, RetryableError):
         if attempt_no < max_tries:
-            return RELEASE
+            return _failure(None, "retryable_error", exception_text(raised))
         return _failure(
             RunStatus.FAILED,
             "retries_exhausted",
@@ -77,6 +81,20 @@ def decide(ending: Ending, *, stop_reason: str | None, attempt_no: int, max_trie
     if raised is not None:
         return _failure(RunStatus.FAILED, "agent_error", exception_text(raised))
     return _from_result(ending.returned)
+
+
+def _keeping_error(status: RunStatus | None, ending: Ending) -> Decision:
+    """`status` (None: a release) with whatever error the agent's ending carried: the exception
+    it raised, or the error of a failed/interrupted result."""
+    raised, result = ending.raised, ending.returned
+    if isinstance(raised, RetryableError):
+        return _failure(status, "retryable_error", exception_text(raised))
+    if raised is not None:
+        kind = "agent_exit" if ending.stops_worker else "agent_error"
+        return _failure(status, kind, exception_text(raised))
+    if isinstance(result, AgentResult) and _status(result) in _ERROR_STATUSES:
+        return _failure(status, result.error_type, result.error_message)
+    return Decision(status)
 
 
 def _completed(ending: Ending) -> bool:
@@ -118,7 +136,7 @@ def _from_result(result: object) -> Decision:
     return _failure(status, result.error_type, result.error_message)
 
 
-def _failure(status: RunStatus, error_type: object, error_message: object) -> Decision:
+def _failure(status: RunStatus | None, error_type: object, error_message: object) -> Decision:
     kept_type, kept_message = check.agent_error(error_type, error_message)
     return Decision(status, kept_type, kept_message)
 
