@@ -408,12 +408,12 @@ class OperatorQueries:
 
     def _prune(self, params: dict[str, Any]) -> Iterator[PruneBatch]:
         while True:
-            [row] = self._execute("prune_finished_runs", params)
+            row, removed = self._prune_batch(params)
             examined = int(row["examined"])
             cutoff: datetime = row["cutoff"]
             batch = PruneBatch(
-                runs=int(row["deleted"] if not params["dry_run"] else row["runs"]),
-                attempts=int(row["attempts"]),
+                runs=int(removed["deleted"] if not params["dry_run"] else removed["runs"]),
+                attempts=int(removed["attempts"]),
                 examined=examined,
                 cutoff=cutoff.astimezone(UTC),
             )
@@ -424,3 +424,20 @@ class OperatorQueries:
             params["cutoff"] = cutoff
             params["after_finished_at"] = row["last_finished_at"]
             params["after_id"] = row["last_id"]
+
+    def _prune_batch(self, params: dict[str, Any]) -> tuple[Row, Row]:
+        """One batch in its own transaction: lock whole trees, then (a new statement, so a new
+        snapshot) check nothing was added below them, and delete."""
+        from agent_runs.repository import turns  # the repository imports this module
+
+        with turns(self.conn), self.conn.transaction():
+            cur = self.conn.cursor()
+            cur.execute(query("prune_finished_runs"), params, prepare=False)
+            [row] = rows_of(cur)
+            cur.execute(
+                query("prune_finished_runs.delete"),
+                {"ids": row["ids"], "roots": row["roots"], "dry_run": params["dry_run"]},
+                prepare=False,
+            )
+            [removed] = rows_of(cur)
+        return row, removed

@@ -1,9 +1,10 @@
--- prune_finished_runs: one batch: delete whole trees of terminal runs finished before a cutoff.
+-- prune_finished_runs: one batch, step 1: lock whole trees of terminal runs finished before a
+--          cutoff (step 2, prune_finished_runs.delete, checks them again and deletes them).
 -- from: roots (no parent) in (finished_at, id) order after the keyset, at most batch_size, held
 --       by nobody (SKIP LOCKED), whose every descendant is terminal, older and unheld
--- to:   those runs deleted, attempts with them (ON DELETE CASCADE); nothing when dry_run
+-- to:   nothing yet: every run of those trees locked FOR UPDATE until the batch commits
 -- returns: one row: cutoff (now - older_than_seconds, or the given one), roots examined, the
---          next keyset, runs and attempts deleted (or that would be)
+--          next keyset, and the trees' runs with their roots (two parallel arrays)
 WITH RECURSIVE clock AS (
     SELECT coalesce(%(cutoff)s::timestamptz,
                     coalesce(%(now)s::timestamptz, now())
@@ -44,12 +45,7 @@ whole AS (
     HAVING bool_and(t.id = t.root OR EXISTS (SELECT FROM members m WHERE m.id = t.id))
 ),
 doomed AS (
-    SELECT t.id FROM tree t WHERE t.root IN (SELECT whole.root FROM whole)
-),
-gone AS (
-    DELETE FROM agent_runs r
-    WHERE r.id IN (SELECT doomed.id FROM doomed) AND NOT %(dry_run)s::boolean
-    RETURNING r.id
+    SELECT t.root, t.id FROM tree t WHERE t.root IN (SELECT whole.root FROM whole)
 ),
 last_root AS (
     SELECT roots.finished_at, roots.id FROM roots ORDER BY roots.finished_at DESC, roots.id DESC
@@ -59,7 +55,5 @@ SELECT (SELECT cutoff FROM clock) AS cutoff,
        (SELECT count(*) FROM roots) AS examined,
        (SELECT finished_at FROM last_root) AS last_finished_at,
        (SELECT id FROM last_root) AS last_id,
-       (SELECT count(*) FROM doomed) AS runs,
-       (SELECT count(*) FROM agent_run_attempts a WHERE a.run_id IN (SELECT id FROM doomed))
-           AS attempts,
-       (SELECT count(*) FROM gone) AS deleted
+       coalesce((SELECT array_agg(doomed.id) FROM doomed), '{}') AS ids,
+       coalesce((SELECT array_agg(doomed.root) FROM doomed), '{}') AS roots

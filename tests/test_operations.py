@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 import agent_runs
+import agent_runs.sql
 from agent_runs import AgentRun, AgentRunRepository, InvalidArgument, RunStatus
 from agent_runs.operations import runs_cursor
 
@@ -406,6 +407,26 @@ def test_prune_deletes_old_trees_with_their_attempts_and_keeps_the_rest(
     child = repo.get_run(waits_child.id)
     assert child is not None and child.created_by_run_id == waits_root.id  # lineage intact
     assert repo.prune_finished_runs(older_than=timedelta(days=1), now=t0) == 0
+
+
+def test_prune_never_deletes_a_tree_that_gained_a_child_its_first_step_did_not_see(
+    make_run: MakeRun, observer: Conn, t0: datetime
+) -> None:
+    """A child committed after the batch's first statement took its snapshot but before it
+    locked the root: the second statement (a new snapshot) sees it and spares the tree."""
+    root = done(make_run, t0 - timedelta(days=10))
+    child = make_run(created_by_run_id=root.id)  # live, and unknown to step 1's list
+    with observer.transaction():
+        row = observer.execute(
+            agent_runs.sql.query("prune_finished_runs.delete"),
+            {"ids": [root.id], "roots": [root.id], "dry_run": False},
+        ).fetchone()
+    assert row is not None and (row[0], row[2]) == (0, 0)
+    assert count(observer, "agent_runs", [root.id, child.id]) == 2
+    kept = observer.execute(
+        "SELECT created_by_run_id FROM agent_runs WHERE id = %s", [child.id]
+    ).fetchone()
+    assert kept == (root.id,)
 
 
 def test_prune_dry_run_counts_without_deleting(
