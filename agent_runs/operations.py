@@ -295,8 +295,15 @@ class OperatorQueries:
         changed: list[AgentRun] = []
         with self.conn.transaction():
             cur = self.conn.cursor()
-            cur.execute(query("request_cancel_tree"), params, prepare=False)
-            tree = rows_of(cur)
+            tree: list[Row] = []
+            # Again until nothing new: each statement sees the children committed before it,
+            # and a locked run gets no new child until this transaction ends.
+            while True:
+                cur.execute(query("request_cancel_tree"), params, prepare=False)
+                found = rows_of(cur)
+                if len(found) == len(tree):
+                    break
+                tree = found
             if not tree:
                 raise InvalidArgument(f"run_id {run_id!r} is not an existing run")
             for row in sorted(tree, key=lambda r: (r["created_at"], r["id"])):
