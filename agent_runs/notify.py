@@ -19,6 +19,7 @@ import math
 import random
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -36,6 +37,11 @@ FINISHED_CHANNEL: Final = "agent_runs_finished"
 _LISTEN_FINISHED: Final = "LISTEN agent_runs_finished"
 _UNLISTEN_FINISHED: Final = "UNLISTEN agent_runs_finished"
 _LISTEN_CLAIMABLE: Final = "LISTEN agent_runs_claimable"
+_NOTIFY_PROBE: Final = "SELECT pg_notify(%s, %s)"
+# A listener's probe payload: longer than any agent slug, so no listener takes it for a wake-up.
+_PROBE_PREFIX: Final = "agent_runs listener probe, not an agent slug: "
+_PROBE_SECONDS: Final = 2.0
+_MAX_SLUG_LENGTH: Final = 64
 
 # wait_for_run re-reads the run this often in case a notification was missed (a pooler
 # between us and the server, a listener connection that was replaced).
@@ -145,6 +151,8 @@ class Wakeups:
         self._interrupted = False
         self._stop = threading.Event()
         self._listening = False
+        # Set when a probe showed that notifications never reach the listener: it gave up.
+        self.deaf = False
         self._thread: threading.Thread | None = None
 
     @property
@@ -173,6 +181,13 @@ class Wakeups:
             self._tokens -= 1
             return True
 
+    def limit_pending(self, limit: int) -> None:
+        """Keep at most `limit` wake-ups for claimers to come (e.g. the number of claimer
+        threads: after a burst each idle thread needs one, more would be empty claims)."""
+        with self._cond:
+            self._max_pending = max(1, limit)
+            self._tokens = min(self._tokens, self._max_pending)
+
     def interrupt(self) -> None:
         """Wake every waiter now; every later wait returns False at once."""
         with self._cond:
@@ -195,6 +210,9 @@ class Wakeups:
                 self._cond.notify()
 
     def _accepts(self, payload: str) -> bool:
+        # An agent slug has 1-64 characters: anything else (a listener's probe) is no wake-up.
+        if not 0 < len(payload) <= _MAX_SLUG_LENGTH:
+            return False
         return self._slugs is None or payload in self._slugs
 
     def _listen(self) -> None:
@@ -204,6 +222,15 @@ class Wakeups:
             try:
                 with psycopg.connect(self._conninfo, **self._connect_kwargs) as conn:
                     conn.execute(_LISTEN_CLAIMABLE, prepare=False)
+                    if not self._probe(conn):
+                        log.warning(
+                            "wake-ups do not reach the %s listener (a transaction pooler "
+                            "between it and PostgreSQL?): claimers poll instead; give the "
+                            "worker a direct connection for wake-ups (--listen-dsn)",
+                            CLAIMABLE_CHANNEL,
+                        )
+                        self.deaf = True
+                        return
                     self._listening = True
                     if dropped:
                         log.info("listening on %s again", CLAIMABLE_CHANNEL)
@@ -230,6 +257,22 @@ class Wakeups:
                 failures = min(failures + 1, 16)
                 self._stop.wait(delay * _jitter.uniform(0.5, 1.0))
         self._listening = False
+
+    def _probe(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether a notification sent by another session reaches this listening one. Through
+        a transaction-mode pooler it does not: LISTEN held for one transaction on a server
+        session that the pooler then lends to others."""
+        probe = f"{_PROBE_PREFIX}{uuid.uuid4().hex}"
+        with psycopg.connect(self._conninfo, **self._connect_kwargs) as sender:
+            sender.execute(_NOTIFY_PROBE, [CLAIMABLE_CHANNEL, probe], prepare=False)
+        deadline = time.monotonic() + _PROBE_SECONDS
+        while (left := deadline - time.monotonic()) > 0 and not self._stop.is_set():
+            for notify in conn.notifies(timeout=min(left, _LISTEN_SLICE_SECONDS)):
+                if notify.payload == probe:
+                    return True
+                if notify.channel == CLAIMABLE_CHANNEL and self._accepts(notify.payload):
+                    self._post()
+        return False
 
     def _receive(self, conn: psycopg.Connection[Any]) -> None:
         while not self._stop.is_set():

@@ -41,6 +41,7 @@ MAX_LEASE_SECONDS: Final = 86400
 MAX_POLL_SECONDS: Final = 3600
 MAX_TRIES: Final = 1_000_000
 MAX_LIMIT: Final = 100_000
+MAX_DSN_LENGTH: Final = 4096
 MAX_JSON_DEPTH: Final = 64
 # Python refuses to print ints of more than 4,300 digits by default; jsonb would keep them,
 # but they could not be read back. One bound below both.
@@ -403,3 +404,10 @@ def max_tries(value: object) -> int:
 
 def poll_seconds(value: object) -> float:
     return _seconds("poll_seconds", value, 0, MAX_POLL_SECONDS)
+
+
+def optional_dsn(name: str, value: object) -> str | None:
+    """A connection string (URL or key=value) or None; libpq parses it when it connects."""
+    if value is None:
+        return None
+    return _text(name, value, MAX_DSN_LENGTH)

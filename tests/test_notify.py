@@ -18,7 +18,7 @@ import agent_runs
 from agent_runs import AgentRunRepository, InvalidArgument, RunStatus
 from agent_runs import notify as notify_module
 from agent_runs.notify import CLAIMABLE_CHANNEL, FINISHED_CHANNEL, Wakeups, wait_for_run
-from tests.helpers import new_run
+from tests.helpers import new_run, wait_until
 
 Conn = psycopg.Connection[Any]
 SENTINEL = "sentinel-end-of-batch"
@@ -481,3 +481,23 @@ def test_cli_wait_exits_124_on_timeout_and_2_on_bad_input(
     for bad in ("-1", "nan", "soon"):
         assert _cli("wait", run.id, "--dsn", dsn, "--timeout", bad) == 2
     assert _cli("wait", "", "--dsn", dsn, "--timeout", "1") == 2
+
+
+def test_wake_ups_kept_for_claimers_to_come_are_limited(dsn: str) -> None:
+    """A burst while every claimer is busy leaves one wake-up per claimer, not one per run."""
+    wakeups = Wakeups(dsn)
+    wakeups.limit_pending(2)
+    wakeups.start()
+    try:
+        wait_until(lambda: wakeups.listening)
+        with agent_runs.connect(dsn) as conn:
+            repo = AgentRunRepository(conn)
+            for n in range(20):
+                repo.create_run(thread_id=f"t{n}", agent_slug="a", uid="u", request_id=f"r{n}")
+        time.sleep(0.5)  # every notification has arrived
+        taken = 0
+        while wakeups.wait(0.2):
+            taken += 1
+        assert taken == 2
+    finally:
+        wakeups.close()

@@ -23,6 +23,8 @@ from agent_runs import AgentRunRepository, RunStatus
 from agent_runs import migrate as migrate_module
 from agent_runs.devtools.pgbouncer import MODES, PgBouncer, pgbouncer, pgbouncer_binary
 from agent_runs.migrate import MigrationLocked, apply_migrations, rollback_migrations
+from agent_runs.notify import Wakeups
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.skipif(
     pgbouncer_binary() is None, reason="pgbouncer is not installed (CI installs it)"
@@ -269,3 +271,29 @@ def test_a_repository_behind_pgbouncer_keeps_the_right_clock(
         assert claimed.run is not None
         assert claimed.run.lease_expires_at == t0 + timedelta(seconds=LEASE)
         assert claimed.run.status == RunStatus.RUNNING
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_listener_behind_transaction_pooling_knows_it_hears_nothing(
+    mode: str, pg_server: Any, dsn: str, repo: AgentRunRepository
+) -> None:
+    """Session mode keeps LISTEN's session: wake-ups arrive. Transaction mode lends it to
+    others: the listener's probe finds that out, it stops, and claimers poll instead."""
+    with pgbouncer(pg_server.admin_url, mode=mode, pool_size=3) as bouncer:
+        _listen_through(bouncer, dsn, repo)
+
+
+def _listen_through(bouncer: PgBouncer, dsn: str, repo: AgentRunRepository) -> None:
+    wakeups = Wakeups(bouncer.url_for(dsn))
+    wakeups.start()
+    try:
+        assert wait_until(lambda: wakeups.listening or wakeups.deaf, timeout=15)
+        if bouncer.mode == "session":
+            assert (wakeups.listening, wakeups.deaf) == (True, False)
+            wakeups.wait(0.5)  # the catch-up wake-up posted after connecting
+            _new_run(repo, "woken")
+            assert wakeups.wait(5)
+        else:
+            assert (wakeups.listening, wakeups.deaf) == (False, True)
+    finally:
+        wakeups.close()

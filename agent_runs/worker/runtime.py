@@ -81,7 +81,7 @@ class Worker:
             self.lease_seconds,
         )
         self.max_tries = check.max_tries(max_tries)
-        self.listen_dsn = listen_dsn
+        self.listen_dsn = check.optional_dsn("listen_dsn", listen_dsn)
         if poll_seconds is None:  # with wake-ups the poll is only a safety net
             poll_seconds = LISTENING_POLL_SECONDS if listen_dsn else 1.0
         self.poll_seconds = check.poll_seconds(poll_seconds)
@@ -108,6 +108,7 @@ class Worker:
         self._wakeups: Wakeups | None = None
         self._poll_lock = threading.Lock()
         self._next_poll = 0.0
+        self._loops = 0  # threads in run_forever
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -166,6 +167,17 @@ class Worker:
         logged and retried with capped exponential back-off; they never end the loop.
         """
         wakeups = self._listen()
+        with self._poll_lock:
+            self._loops += 1
+            if wakeups is not None:  # one kept wake-up per claimer thread is enough
+                wakeups.limit_pending(self._loops)
+        try:
+            self._loop(stop, wakeups)
+        finally:
+            with self._poll_lock:
+                self._loops -= 1
+
+    def _loop(self, stop: threading.Event, wakeups: Wakeups | None) -> None:
         backoff = Backoff()
         while not (stop.is_set() or self.stopping):
             try:
