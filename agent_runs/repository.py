@@ -12,7 +12,8 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import fields
 from datetime import UTC, datetime
 from types import FunctionType
@@ -153,6 +154,15 @@ class AgentRunRepository(OperatorQueries):
         self.conn = conn
         # Each thread's Channel to the connection: its adapters, reused across calls.
         self._local = threading.local()
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """A transaction of yours around several calls that holds the connection's turn: calls
+        from other threads sharing the connection wait until it ends instead of running inside
+        it. (A plain `conn.transaction()` belongs to the connection: calls from any thread made
+        while it is open become savepoints in it.)"""
+        with turns(self.conn), self.conn.transaction():
+            yield
 
     # -- plumbing --------------------------------------------------------------------------
 

@@ -197,3 +197,31 @@ def test_reads_and_batches_interleave_with_transitions(conn: Conn, observer: Con
     assert not errors, errors[:3]
     assert conn.info.transaction_status == pq.TransactionStatus.IDLE
     assert set(_statuses(observer, committed).values()) == {"completed"}
+
+
+def test_repository_transaction_keeps_other_threads_out_until_it_ends(
+    conn: Conn, observer: Conn
+) -> None:
+    """repo.transaction() holds the connection's turn: another thread's call waits for it to
+    end, then commits on its own (it does not become a savepoint of someone else's work)."""
+    repo = AgentRunRepository(conn)
+    order: list[str] = []
+    inside = threading.Event()
+
+    def other() -> None:
+        inside.wait()
+        repo.create_run(thread_id="t-b", agent_slug="a", uid="u", request_id="r-b")
+        order.append("other call returned")
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with repo.transaction():
+        repo.create_run(thread_id="t-a", agent_slug="a", uid="u", request_id="r-a")
+        inside.set()
+        thread.join(timeout=0.5)  # the other call cannot finish while we hold the turn
+        order.append("transaction ends")
+    thread.join(timeout=10)
+    assert order == ["transaction ends", "other call returned"]
+    rows = observer.execute("SELECT request_id FROM agent_runs ORDER BY request_id").fetchall()
+    assert rows == [("r-a",), ("r-b",)]
+    assert conn.info.transaction_status == pq.TransactionStatus.IDLE
