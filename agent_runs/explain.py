@@ -118,12 +118,22 @@ def _history_problem(run: AgentRun, attempts: list[RunAttempt]) -> str | None:
 # -- one rule per status ---------------------------------------------------------------------
 
 
-def _completed(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
+def _ended_by(
+    run: AgentRun, attempts: list[RunAttempt], outcome: AttemptOutcome, verb: str
+) -> RunAttempt | Explanation:
+    """The last attempt when it ended with `outcome`; else why the run is unexplained."""
     if not attempts:
-        return _unexplained(run, "no attempt completed it")
+        return _unexplained(run, f"no attempt {verb} it")
     last = attempts[-1]
-    if last.outcome != AttemptOutcome.COMPLETED:
+    if last.outcome != outcome:
         return _unexplained(run, f"last attempt {last.attempt_no} ended {last.outcome}")
+    return last
+
+
+def _completed(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
+    last = _ended_by(run, attempts, AttemptOutcome.COMPLETED, "completed")
+    if isinstance(last, Explanation):
+        return last
     return _ok(run, f"attempt {last.attempt_no} by {escape(last.worker_id)} completed it", attempts)
 
 
@@ -187,11 +197,9 @@ def _cancelled(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
 
 
 def _interrupted(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
-    if not attempts:
-        return _unexplained(run, "no attempt interrupted it")
-    last = attempts[-1]
-    if last.outcome != AttemptOutcome.INTERRUPTED:
-        return _unexplained(run, f"last attempt {last.attempt_no} ended {last.outcome}")
+    last = _ended_by(run, attempts, AttemptOutcome.INTERRUPTED, "interrupted")
+    if isinstance(last, Explanation):
+        return last
     if last.error_type != run.error_type:
         return _unexplained(
             run,

@@ -187,12 +187,6 @@ def _statuses(value: object) -> list[str] | None:
     return found
 
 
-def _int(name: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidArgument(f"{name} must be an integer from {low} to {high}, got {value!r}")
-    return value
-
-
 def _bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise InvalidArgument(f"{name} must be True or False, got {value!r}")
@@ -278,7 +272,7 @@ class OperatorQueries:
             "stuck_after_seconds": _span(
                 "stuck_after", filters.get("stuck_after", DEFAULT_STUCK_AFTER), allow_zero=True
             ),
-            "limit": _int("limit", filters.get("limit", 50), 1, MAX_LIST_LIMIT),
+            "limit": check.integer("limit", filters.get("limit", 50), 1, MAX_LIST_LIMIT),
             "before_created_at": before_created_at,
             "before_id": before_id,
             "now": check.now(filters.get("now")),
@@ -404,7 +398,7 @@ class OperatorQueries:
         yields what would go. The cutoff is fixed by the first batch."""
         params: dict[str, Any] = {
             "older_than_seconds": _span("older_than", older_than, allow_zero=True),
-            "batch_size": _int("batch_size", batch_size, 1, MAX_BATCH_SIZE),
+            "batch_size": check.integer("batch_size", batch_size, 1, MAX_BATCH_SIZE),
             "now": check.now(now),
             "dry_run": _bool("dry_run", dry_run),
             "cutoff": None,

@@ -354,12 +354,17 @@ def agent_slugs(value: object, name: str = "agent_slugs") -> list[str] | None:
     return slugs
 
 
-def limit(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+def integer(name: str, value: object, low: int, high: int) -> int:
+    """An int (not a bool) with low <= value <= high."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidArgument(
-            f"limit must be an integer from 1 to {MAX_LIMIT}, got {_shown(value)}"
+            f"{name} must be an integer from {low} to {high}, got {_shown(value)}"
         )
     return int(value)
+
+
+def limit(value: object) -> int:
+    return integer("limit", value, 1, MAX_LIMIT)
 
 
 def leases(value: object) -> tuple[list[str], list[str]]:
@@ -395,11 +400,7 @@ def heartbeat_seconds(value: object, lease_seconds_: float) -> float:
 
 
 def max_tries(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TRIES:
-        raise InvalidArgument(
-            f"max_tries must be an integer from 1 to {MAX_TRIES}, got {_shown(value)}"
-        )
-    return int(value)
+    return integer("max_tries", value, 1, MAX_TRIES)
 
 
 def poll_seconds(value: object) -> float:
