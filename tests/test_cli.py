@@ -221,8 +221,10 @@ def test_attempts_prints_the_table_and_the_explanation(
     assert lines[0].startswith(f"run {finished_run_id}  status completed")
     header = next(line for line in lines if line.strip().startswith("attempt "))
     assert header.split() == list(ATTEMPT_COLUMNS)
+    # attempt, owner, started (2 words), finished (2 words), duration, outcome, error...
     rows = [line.split() for line in lines if line.strip()[:2] in ("1 ", "2 ")]
-    assert [(row[0], row[-2]) for row in rows] == [("1", "retry_released"), ("2", "completed")]
+    assert [(row[0], row[7]) for row in rows] == [("1", "retry_released"), ("2", "completed")]
+    assert rows[0][8] == "retryable_error:"  # the retryable error stays on its attempt
     assert lines[-1].startswith("completed: attempt 2 by cli-test:")
 
 
