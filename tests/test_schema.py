@@ -1,4 +1,4 @@
-"""The schema of SPEC section 2: every invariant is enforced by PostgreSQL itself."""
+"""The schema: every invariant is enforced by PostgreSQL itself."""
 
 from __future__ import annotations
 
@@ -523,7 +523,7 @@ def test_one_open_attempt_per_run_is_a_partial_unique_index(observer: Conn) -> N
 def test_a_lease_renewal_is_a_hot_update_of_run_and_attempt(
     conn: Conn, repo: AgentRunRepository, t0: datetime
 ) -> None:
-    """Heartbeats are the most frequent write: they must not touch any index (SPEC 2)."""
+    """Heartbeats are the most frequent write: they must not touch any index."""
     run = repo.create_run(thread_id="t", agent_slug="a", uid="u", request_id="r")
     assert repo.mark_running(run.id, worker_id="w", lease_seconds=30, now=t0).acquired
 
