@@ -1,0 +1,320 @@
+"""Heartbeats at scale: many live leases renewed through renew_leases, and what one server carries.
+
+Live leases are inserted directly as running runs with their open attempts. Four threads, each
+on its own connection, renew their share back to back (time compressed: a worker renews each
+lease once per heartbeat interval, here every round follows the last at once), first one
+renew_lease per lease, then renew_leases in batches of 100. Server CPU is read per backend: from
+pg_stat_statements when it is loaded (execution + planning time), else from /proc/<pid>/stat of
+the renewing backends (read locally, or through pg_read_file when the server runs elsewhere on
+the same kernel), else wall time per renewal.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, LiteralString
+
+import psycopg
+
+import agent_runs
+from agent_runs import AgentRunRepository
+from bench.pgstats import wal_bytes_since, wal_lsn
+from bench.report import fmt, table
+
+THREADS: Final = 4
+BATCH: Final = 100
+LEASE_SECONDS: Final = 60.0
+INTERVAL_SECONDS: Final = 20.0  # the worker's default heartbeat: lease / 3
+LEASES_PER_PROCESS: Final = 16  # one worker process with 16 threads, each holding one lease
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    leases: int
+    batched_seconds: float
+    single_seconds: float
+
+
+FULL: Final = _Sizes(leases=10_000, batched_seconds=10.0, single_seconds=4.0)
+QUICK: Final = _Sizes(leases=500, batched_seconds=2.0, single_seconds=1.0)
+
+# Running runs under a live lease, each with its open attempt. Parameters: tag, count, lease.
+_LIVE: Final[LiteralString] = """\
+WITH runs AS (
+    INSERT INTO agent_runs (
+        id, request_id, thread_id, agent_slug, uid, status, worker_id, heartbeat_at,
+        lease_expires_at, started_at, created_at, updated_at
+    )
+    SELECT gen_random_uuid()::text,
+           %(tag)s || '-l-' || i,
+           %(tag)s || '-thread-' || i,
+           'agent-' || mod(i, 4),
+           'user-' || mod(i, 101),
+           'running',
+           'bench-hb-' || mod(i, 16) || ':' || md5(%(tag)s || i),
+           now(),
+           now() + make_interval(secs => %(lease)s::float8),
+           now() - interval '1 second',
+           now() - interval '2 seconds',
+           now()
+    FROM generate_series(1, %(count)s::int) AS i
+    RETURNING id, worker_id, started_at, heartbeat_at, lease_expires_at
+),
+attempts AS (
+    INSERT INTO agent_run_attempts (
+        run_id, attempt_no, worker_id, started_at, heartbeat_at, lease_expires_at, created_at,
+        updated_at
+    )
+    SELECT id, 1, worker_id, started_at, heartbeat_at, lease_expires_at, started_at, heartbeat_at
+    FROM runs
+)
+SELECT id, worker_id FROM runs ORDER BY id"""
+
+_STATEMENTS: Final = (
+    "SELECT coalesce(sum(total_exec_time + total_plan_time), 0), coalesce(sum(calls), 0)"
+    " FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database"
+    " WHERE datname = current_database())"
+)
+
+
+def run_phase(url: str, quick: bool) -> dict[str, Any]:
+    """Measure on `url`, a fresh migrated database this phase may fill (postgresql:// URL)."""
+    sizes = QUICK if quick else FULL
+    with agent_runs.connect(url) as observer:
+        rows = observer.execute(
+            _LIVE, {"tag": f"hb{os.getpid()}", "count": sizes.leases, "lease": LEASE_SECONDS}
+        ).fetchall()
+        leases = [(str(r[0]), str(r[1])) for r in rows]
+        observer.execute("VACUUM (ANALYZE) agent_runs, agent_run_attempts")
+        statements = _statements_available(observer)
+        shares = [leases[i::THREADS] for i in range(THREADS)]
+        single = _window(
+            url, observer, shares, batch=1, seconds=sizes.single_seconds, statements=statements
+        )
+        batched = _window(
+            url,
+            observer,
+            shares,
+            batch=BATCH,
+            seconds=sizes.batched_seconds,
+            statements=statements,
+        )
+    rate = batched["renewals_per_second"]
+    per_process = LEASES_PER_PROCESS / INTERVAL_SECONDS  # renewals/s one worker process needs
+    cpu_us = batched["server_cpu_us_per_renewal"]
+    return {
+        "leases": sizes.leases,
+        "threads": THREADS,
+        "batch": BATCH,
+        "lease_seconds": LEASE_SECONDS,
+        "interval_seconds": INTERVAL_SECONDS,
+        "leases_per_process": LEASES_PER_PROCESS,
+        "cpu_method": batched["cpu_method"],
+        "single": single,
+        "batched": batched,
+        "batch_over_single": rate / single["renewals_per_second"],
+        # The pace the leases need: every lease once per interval.
+        "needed_renewals_per_second": sizes.leases / INTERVAL_SECONDS,
+        "headroom": rate / (sizes.leases / INTERVAL_SECONDS),
+        "processes_carried": rate / per_process,
+        "processes_per_server_core": (
+            1e6 / cpu_us / per_process if cpu_us and batched["cpu_method"] != "wall" else None
+        ),
+    }
+
+
+def render_phase(result: dict[str, Any]) -> list[str]:
+    """The phase's lines for the bench report."""
+    s, b = result["single"], result["batched"]
+    method = {
+        "pg_stat_statements": "server time per renewal (pg_stat_statements)",
+        "proc": "server CPU per renewal (/proc of the backends)",
+        "wall": "wall time per renewal (no server CPU reading)",
+    }[result["cpu_method"]]
+    rows = [
+        [
+            label,
+            fmt(x["renewals_per_second"]),
+            f"{x['server_cpu_us_per_renewal']:.1f}",
+            f"{x['client_cpu_us_per_renewal']:.1f}",
+            fmt(x["wal_bytes_per_renewal"]),
+        ]
+        for label, x in (("renew_lease (1)", s), (f"renew_leases ({result['batch']})", b))
+    ]
+    per_core = result["processes_per_server_core"]
+    return [
+        f"Heartbeats at scale: {result['leases']:,} live leases, {result['threads']} threads "
+        f"renewing back to back (the default pace is once per {result['interval_seconds']:g} s):",
+        table(
+            ["call", "renewals/s", "server µs/renewal", "client µs/renewal", "WAL B/renewal"], rows
+        ),
+        f"  server column: {method}; batch ÷ single renewals/s "
+        f"{result['batch_over_single']:.1f}x; a full round of every lease took "
+        f"{b['round_seconds'] * 1000:.0f} ms ({result['headroom']:.1f}x the needed "
+        f"{fmt(result['needed_renewals_per_second'])}/s)",
+        f"  worker processes one server carries at {result['leases_per_process']} leases each: "
+        f"{fmt(result['processes_carried'])} by measured renewals/s"
+        + (f", {fmt(per_core)} per server core by CPU" if per_core else ""),
+    ]
+
+
+# -- one measurement window -------------------------------------------------------------------
+
+
+def _window(
+    url: str,
+    observer: psycopg.Connection[Any],
+    shares: Sequence[Sequence[tuple[str, str]]],
+    *,
+    batch: int,
+    seconds: float,
+    statements: bool,
+) -> dict[str, Any]:
+    """Every thread renews its share in calls of `batch` leases for `seconds`; counters around."""
+    ready = threading.Barrier(len(shares) + 1)
+    go = threading.Barrier(len(shares) + 1)
+    done = threading.Barrier(len(shares) + 1)
+    release = threading.Event()
+    pids = [0] * len(shares)
+    renewed = [0] * len(shares)
+    calls = [0] * len(shares)
+    rounds = [0] * len(shares)
+    errors: list[BaseException] = []
+
+    def renewer(index: int) -> None:
+        try:
+            with agent_runs.connect(url) as conn:
+                repo = AgentRunRepository(conn)
+                row = conn.execute("SELECT pg_backend_pid()").fetchone()
+                pids[index] = int(row[0]) if row else 0
+                share = shares[index]
+                chunks = [dict(share[i : i + batch]) for i in range(0, len(share), batch)]
+                _renew(repo, chunks[0], batch)  # prepares the statement
+                ready.wait()
+                go.wait()
+                deadline = time.monotonic() + seconds
+                while time.monotonic() < deadline:
+                    for chunk in chunks:
+                        renewed[index] += _renew(repo, chunk, batch)
+                        calls[index] += 1
+                    rounds[index] += 1
+                done.wait()
+                release.wait()  # the backend stays up until its CPU is read
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+            for barrier in (ready, go, done):
+                barrier.abort()
+
+    threads = [threading.Thread(target=renewer, args=(i,)) for i in range(len(shares))]
+    for thread in threads:
+        thread.start()
+    try:
+        ready.wait()
+        cpu_before = _backend_ticks(observer, pids)
+        time_before = _statement_time(observer) if statements else None
+        lsn = wal_lsn(observer)
+        client_before = _client_cpu()
+        go.wait()
+        started = time.perf_counter()
+        done.wait()
+        elapsed = time.perf_counter() - started
+        client = _client_cpu() - client_before
+        wal = wal_bytes_since(observer, lsn)
+        time_after = _statement_time(observer) if statements else None
+        cpu_after = _backend_ticks(observer, pids)
+    except threading.BrokenBarrierError:
+        if not errors:
+            raise
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join()
+    if errors:
+        raise RuntimeError(f"a renewing thread failed: {errors[0]!r}") from errors[0]
+    total = sum(renewed)
+    if time_before is not None and time_after is not None:
+        method, server_us = "pg_stat_statements", (time_after - time_before) * 1000 / total
+    elif cpu_before is not None and cpu_after is not None:
+        ticks = cpu_after - cpu_before
+        method, server_us = "proc", ticks / os.sysconf("SC_CLK_TCK") * 1e6 / total
+    else:
+        method, server_us = "wall", elapsed * len(shares) * 1e6 / total
+    return {
+        "batch": batch,
+        "renewals": total,
+        "calls": sum(calls),
+        "rounds": min(rounds),
+        "seconds": elapsed,
+        "renewals_per_second": total / elapsed,
+        "round_seconds": elapsed / max(1, min(rounds)),
+        "cpu_method": method,
+        "server_cpu_us_per_renewal": server_us,
+        "client_cpu_us_per_renewal": client * 1e6 / total,
+        "wal_bytes_per_renewal": wal / total,
+    }
+
+
+def _renew(repo: AgentRunRepository, chunk: dict[str, str], batch: int) -> int:
+    if batch == 1:
+        ((run_id, worker),) = chunk.items()
+        if not repo.renew_lease(run_id, worker_id=worker, lease_seconds=LEASE_SECONDS):
+            raise AssertionError(f"the live lease of {run_id} was not renewed")
+        return 1
+    renewed = repo.renew_leases(chunk, lease_seconds=LEASE_SECONDS)
+    if len(renewed) != len(chunk):
+        raise AssertionError("a live lease was not renewed")
+    return len(renewed)
+
+
+# -- CPU readings ---------------------------------------------------------------------------
+
+
+def _client_cpu() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def _statements_available(conn: psycopg.Connection[Any]) -> bool:
+    """Whether pg_stat_statements answers here (it must be in shared_preload_libraries)."""
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        conn.execute(_STATEMENTS).fetchone()
+    except psycopg.Error:
+        return False
+    return True
+
+
+def _statement_time(conn: psycopg.Connection[Any]) -> float:
+    row = conn.execute(_STATEMENTS).fetchone()
+    return float(row[0]) if row else 0.0
+
+
+def _backend_ticks(conn: psycopg.Connection[Any], pids: Sequence[int]) -> int | None:
+    """utime + stime (clock ticks) summed over the backends, or None when not readable."""
+    total = 0
+    for pid in pids:
+        text = _local_stat(pid)
+        if text is None:
+            try:
+                row = conn.execute("SELECT pg_read_file(%s)", (f"/proc/{pid}/stat",)).fetchone()
+            except psycopg.Error:
+                return None
+            text = str(row[0]) if row else None
+        if text is None or "(postgres)" not in text:
+            return None
+        fields = text.rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total
+
+
+def _local_stat(pid: int) -> str | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text if "(postgres)" in text else None
