@@ -17,7 +17,15 @@ from typing import Any, Final
 import psycopg
 
 import agent_runs
-from bench import operator_phase, phases, pickup_phase, pooler_phase, seed
+from bench import (
+    drain_phase,
+    heartbeat_scale_phase,
+    operator_phase,
+    phases,
+    pickup_phase,
+    pooler_phase,
+    seed,
+)
 from bench.phases import HeartbeatResult
 from bench.report import Target, fmt, median, percentile, table, write_json
 from bench.server import BenchServer, bench_server
@@ -199,11 +207,14 @@ def summarize_throughput(segments: Sequence[SegmentResult], settings: Settings) 
 # -- the run --------------------------------------------------------------------------------------
 
 # Phases about deployment and operation, each on a fresh database: pickup latency and idle load
-# (wake-ups), the operator's queries at scale, the repository through PgBouncer.
+# (wake-ups), the operator's queries at scale, the repository through PgBouncer, heartbeats of
+# 10,000 live leases, and the drain rate of one worker process.
 DEPLOYMENT_PHASES: Final = (
     ("pickup", pickup_phase),
     ("operator", operator_phase),
     ("pooler", pooler_phase),
+    ("heartbeat_scale", heartbeat_scale_phase),
+    ("drain", drain_phase),
 )
 
 
@@ -367,6 +378,17 @@ def deployment_targets(results: dict[str, Any]) -> list[Target]:
         during = operator["claims_during_prune"]["p50_ms"]
         ratio = during / operator["claims_before_prune"]["p50_ms"]
         found.append(Target("claim_next p50 during a prune ÷ before", ratio, 1.5, False, "x"))
+    beats = results.get("heartbeat_scale", {})
+    if "batch_over_single" in beats:
+        found.append(
+            Target(
+                "renew_leases batch 100 ÷ single renewals/s",
+                beats["batch_over_single"],
+                20.0,
+                True,
+                "x",
+            )
+        )
     return found
 
 
