@@ -1,12 +1,14 @@
 """Pickup latency and idle load: how fast idle `agent-runs worker` processes start a new run,
 and what an idle worker process costs the server.
 
-Latency is read on the database clock: from the run's `created_at` (now() of create_run's
-transaction, which commits right after) to its first attempt's `started_at` (now() of the
-claiming transaction). Runs are created one at a time at random 80-250 ms gaps, first with
-every worker idle, then with half of the worker threads busy on long `sleep:` runs. Idle load
-is the server's committed + rolled-back transactions per second on the database while only one
-idle worker process is connected, minus this phase's own probe.
+Latency ends at the first attempt's `started_at` (now() of the claiming transaction, the
+server's clock) and starts when create_run's commit was acknowledged (this host's clock, which a
+server on this host shares); the same from the run's `created_at` (the start of create_run's
+transaction, so it also counts create_run's own statement and commit) is reported beside it,
+and is the one used for a server elsewhere. Runs are created one at a time at random 80-250 ms
+gaps, first with every worker idle, then with half of the worker threads busy on long `sleep:`
+runs. Idle load is the server's committed + rolled-back transactions per second on the
+database while only one idle worker process is connected, minus this phase's own probe.
 """
 
 from __future__ import annotations
@@ -66,13 +68,14 @@ def run_phase(url: str, quick: bool) -> dict[str, Any]:
         repo = AgentRunRepository(conn)
         with _workers(url, sizes.workers, "pickup") as names:
             _warm_up(repo, conn, names)
-            result["idle"] = _summary(_pickup(repo, conn, rng, sizes.runs))
+            local = _local(url)
+            _samples(result, "idle", local, _pickup(repo, conn, rng, sizes.runs))
             # Half of the worker threads busy for the whole sample, the rest idle.
             busy = sizes.workers * CONCURRENCY // 2
             sleep_for = sizes.runs * sum(GAP_SECONDS) / 2 + 30
             sleepers = [_create(repo, [f"sleep:{sleep_for:.0f}"]) for _ in range(busy)]
             _await_started(conn, sleepers)
-            result["half_busy"] = _summary(_pickup(repo, conn, rng, sizes.runs))
+            _samples(result, "half_busy", local, _pickup(repo, conn, rng, sizes.runs))
             result["half_busy"]["busy_threads"] = busy
         # Stopped workers released the sleepers for retry: finish them, so nothing is left
         # to claim while the idle load is measured.
@@ -102,7 +105,12 @@ def run_phase(url: str, quick: bool) -> dict[str, Any]:
 def render_phase(result: dict[str, Any]) -> list[str]:
     """The phase's lines for the bench report."""
     rows = []
-    for key, label in (("idle", "workers idle"), ("half_busy", "workers half busy")):
+    for key, label in (
+        ("idle", "workers idle"),
+        ("half_busy", "workers half busy"),
+        ("idle_from_created_at", "idle, from created_at"),
+        ("half_busy_from_created_at", "half busy, from created_at"),
+    ):
         s = result[key]
         rows.append(
             [
@@ -117,8 +125,13 @@ def render_phase(result: dict[str, Any]) -> list[str]:
         )
     load = result["idle_load"]
     return [
-        f"Pickup latency, create_run commit -> attempt started_at (database clock), "
-        f"{result['workers']} idle worker process(es) x {result['concurrency']} threads, runs "
+        "Pickup latency, "
+        + (
+            "create_run's commit (acknowledged) -> attempt started_at, one host clock, "
+            if result["idle"]["from"] == "commit"
+            else "create_run's created_at -> attempt started_at (database clock), "
+        )
+        + f"{result['workers']} idle worker process(es) x {result['concurrency']} threads, runs "
         f"one at a time at {result['gap_ms'][0]:.0f}-{result['gap_ms'][1]:.0f} ms gaps:",
         table(["workers", "runs", "p50", "p90", "p99", "mean", "max"], rows),
         f"Idle load of one idle worker process over {load['seconds']:.1f} s: "
@@ -218,20 +231,41 @@ def _create(repo: AgentRunRepository, script: list[str]) -> str:
 
 def _pickup(
     repo: AgentRunRepository, conn: psycopg.Connection[Any], rng: random.Random, runs: int
-) -> list[float]:
-    """Pickup latencies (ms) of `runs` runs created one at a time at random gaps."""
-    created = []
+) -> tuple[list[float], list[float]]:
+    """Pickup latencies (ms) of `runs` runs created one at a time at random gaps: from the
+    moment create_run returned (its commit acknowledged; the host's clock, which a server on
+    this host shares) and from the run's created_at (its transaction's start, so this one
+    also counts create_run's own statement and commit)."""
+    created: dict[str, float] = {}
     for _ in range(runs):
         time.sleep(rng.uniform(*GAP_SECONDS))
-        created.append(_create(repo, ["ok"]))
-    _await_started(conn, created)
+        run_id = _create(repo, ["ok"])
+        created[run_id] = time.time()
+    _await_started(conn, list(created))
     rows = conn.execute(
-        "SELECT extract(epoch FROM a.started_at - r.created_at) * 1000"
+        "SELECT r.id, extract(epoch FROM a.started_at),"
+        " extract(epoch FROM a.started_at - r.created_at) * 1000"
         " FROM agent_runs r JOIN agent_run_attempts a ON a.run_id = r.id AND a.attempt_no = 1"
         " WHERE r.id = ANY(%s)",
-        (created,),
+        (list(created),),
     ).fetchall()
-    return [float(row[0]) for row in rows]
+    from_commit = [(float(started) - created[run_id]) * 1000 for run_id, started, _ in rows]
+    return from_commit, [float(row[2]) for row in rows]
+
+
+def _local(url: str) -> bool:
+    """Whether the server runs on this host (then its clock is this host's clock)."""
+    host = conninfo_to_dict(url).get("host")
+    return host is None or str(host).startswith("/") or host in ("127.0.0.1", "localhost", "::1")
+
+
+def _samples(
+    result: dict[str, Any], key: str, local: bool, samples: tuple[list[float], list[float]]
+) -> None:
+    from_commit, from_created = samples
+    result[key] = _summary(from_commit if local else from_created)
+    result[key]["from"] = "commit" if local else "created_at"
+    result[f"{key}_from_created_at"] = _summary(from_created)
 
 
 _UNSTARTED: Final = "SELECT count(*) FROM agent_runs WHERE id = ANY(%s) AND started_at IS NULL"
