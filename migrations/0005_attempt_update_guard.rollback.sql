@@ -7,5 +7,3 @@ DROP TRIGGER agent_run_attempts_guard ON agent_run_attempts;
 CREATE TRIGGER agent_run_attempts_guard
     BEFORE UPDATE OR DELETE ON agent_run_attempts
     FOR EACH ROW EXECUTE FUNCTION agent_run_attempts_guard();
-
-DROP FUNCTION agent_run_attempts_refuse_update();

@@ -11,36 +11,14 @@
 -- writers wait for it, readers do not. One transaction: the table is never unguarded.
 -- depends: 0004_operator_indexes
 
-CREATE FUNCTION agent_run_attempts_refuse_update() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF OLD.finished_at IS NOT NULL THEN
-        RAISE EXCEPTION 'attempt id=% of run_id=% is finished and immutable', OLD.id, OLD.run_id
-            USING ERRCODE = 'restrict_violation';
-    END IF;
-    IF NEW.id IS DISTINCT FROM OLD.id
-       OR NEW.run_id IS DISTINCT FROM OLD.run_id
-       OR NEW.attempt_no IS DISTINCT FROM OLD.attempt_no
-       OR NEW.worker_id IS DISTINCT FROM OLD.worker_id
-       OR NEW.started_at IS DISTINCT FROM OLD.started_at
-       OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
-        RAISE EXCEPTION 'attempt id=% of run_id=%: run_id, attempt_no, worker_id and started_at never change',
-            OLD.id, OLD.run_id
-            USING ERRCODE = 'restrict_violation';
-    END IF;
-    RAISE EXCEPTION 'attempt id=% of run_id=% is open: it may only renew its lease or be finished',
-        OLD.id, OLD.run_id
-        USING ERRCODE = 'restrict_violation';
-END
-$$;
-
 DROP TRIGGER agent_run_attempts_guard ON agent_run_attempts;
 
 CREATE TRIGGER agent_run_attempts_guard
     BEFORE DELETE ON agent_run_attempts
     FOR EACH ROW EXECUTE FUNCTION agent_run_attempts_guard();
 
--- The WHEN clause is the whole rule; the function only says which part was broken.
+-- The WHEN clause is the whole rule, 0002's conditions joined by OR; 0002's function, fired
+-- only then, says which part was broken (an AFTER trigger's result is ignored: it always raises).
 CREATE TRIGGER agent_run_attempts_update_guard
     AFTER UPDATE ON agent_run_attempts
     FOR EACH ROW
@@ -55,4 +33,4 @@ CREATE TRIGGER agent_run_attempts_update_guard
               AND (NEW.outcome IS DISTINCT FROM OLD.outcome
                    OR NEW.error_type IS DISTINCT FROM OLD.error_type
                    OR NEW.error_message IS DISTINCT FROM OLD.error_message)))
-    EXECUTE FUNCTION agent_run_attempts_refuse_update();
+    EXECUTE FUNCTION agent_run_attempts_guard();
