@@ -1,10 +1,10 @@
 """Factories that forge rows directly, in any state (a pytest plugin): `make_run`,
-`make_attempt`, and the starting instant `t0`."""
+`make_attempt`, the starting instant `t0`, and `runs` (a pending and a running run)."""
 
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import psycopg
@@ -13,6 +13,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from agent_runs import AgentRun, AgentRunRepository, RunAttempt
+from tests.helpers import OWNER, Runs, new_run
 
 _JSONB_COLUMNS: Final = frozenset({"input_payload", "manifest"})
 
@@ -91,3 +92,13 @@ def make_attempt(observer: psycopg.Connection[Any], repo: AgentRunRepository) ->
 def t0() -> datetime:
     """A timezone-aware starting instant; tests move time with `now=t0 + timedelta(...)`."""
     return datetime.now(UTC).replace(microsecond=0)
+
+
+@pytest.fixture
+def runs(repo: AgentRunRepository, t0: datetime) -> Runs:
+    """A pending run and a running one leased by OWNER at t0 (30 s): what a bad call could
+    damage."""
+    pending = new_run(repo)
+    running = new_run(repo)
+    assert repo.mark_running(running.id, worker_id=OWNER, lease_seconds=30, now=t0).acquired
+    return Runs(pending=pending.id, running=running.id, now=t0 + timedelta(seconds=1))

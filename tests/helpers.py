@@ -7,13 +7,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import psycopg
 from psycopg.rows import dict_row
 
-from agent_runs import AgentRun, AgentRunRepository
+from agent_runs import AgentRun, AgentRunRepository, AgentRunsError, InvalidArgument, connect
 
 # The worker id tests lease runs with, and a second one that does not own them.
 OWNER: Final = "worker-a:0001"
@@ -106,3 +106,62 @@ def enqueue(
     if script is not None:
         payload["script"] = script
     return new_run(repo, agent_slug=agent_slug, input_payload=payload)
+
+
+# -- refusals of bad input ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Runs:
+    """The rows a bad call could damage: a pending run and a running run owned by OWNER."""
+
+    pending: str
+    running: str
+    now: datetime
+
+
+Call = Callable[[AgentRunRepository, Runs], object]
+
+
+def everything(
+    observer: psycopg.Connection[Any],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every row of both tables, in id order."""
+    with observer.cursor(row_factory=dict_row) as cur:
+        runs = cur.execute("SELECT * FROM agent_runs ORDER BY id").fetchall()
+        attempts = cur.execute("SELECT * FROM agent_run_attempts ORDER BY id").fetchall()
+    return runs, attempts
+
+
+def assert_refused_writing_nothing(
+    repo: AgentRunRepository,
+    observer: psycopg.Connection[Any],
+    runs: Runs,
+    argument: str,
+    call: Call,
+) -> None:
+    """`call` raises InvalidArgument naming `argument`, changes no row and leaves no
+    transaction open."""
+    before = everything(observer)
+    try:
+        call(repo, runs)
+    except InvalidArgument as refused:
+        assert argument in str(refused), str(refused)
+        assert isinstance(refused, ValueError) and isinstance(refused, AgentRunsError)
+    else:
+        raise AssertionError(f"not refused: {argument}")
+    assert everything(observer) == before
+    assert not repo.conn.info.transaction_status  # idle: no transaction left open
+
+
+def assert_refused_before_sql(dsn: str, argument: str, call: Call) -> None:
+    """On a closed connection any SQL would fail: only validation can answer `call`."""
+    closed = connect(dsn)
+    closed.close()
+    fake = Runs(pending="pending-run", running="running-run", now=datetime.now(UTC))
+    try:
+        call(AgentRunRepository(closed), fake)
+    except InvalidArgument as refused:
+        assert argument in str(refused), str(refused)
+    else:
+        raise AssertionError(f"not refused: {argument}")

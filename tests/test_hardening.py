@@ -13,7 +13,6 @@ import math
 import unicodedata
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
@@ -24,12 +23,18 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-import agent_runs
 from agent_runs import AgentRunRepository, InvalidArgument, manifest_fingerprint
 from agent_runs import validation as check
 from agent_runs.explain import explain_run
 from agent_runs.report import history_json, render_history
-from tests.helpers import OWNER, new_run
+from tests.helpers import (
+    OWNER,
+    Call,
+    Runs,
+    assert_refused_before_sql,
+    assert_refused_writing_nothing,
+    new_run,
+)
 from tests.helpers import row_counts as counts
 
 Conn = psycopg.Connection[Any]
@@ -59,22 +64,6 @@ def nested(depth: int) -> dict[str, Any]:
     return root
 
 
-@dataclass(frozen=True)
-class Runs:
-    pending: str
-    running: str
-    now: datetime
-
-
-@pytest.fixture
-def runs(repo: AgentRunRepository, t0: datetime) -> Runs:
-    pending = new_run(repo)
-    running = new_run(repo)
-    assert repo.mark_running(running.id, worker_id=OWNER, lease_seconds=LEASE, now=t0).acquired
-    return Runs(pending.id, running.id, t0 + timedelta(seconds=1))
-
-
-Call = Callable[[AgentRunRepository, Runs], object]
 SURROGATE = "\udc80"
 PLUS_16 = timezone(timedelta(hours=16))
 BAD_JSON: list[tuple[str, Any]] = [
@@ -246,30 +235,13 @@ CASES = _cases()
 def test_odd_input_is_refused_by_name_and_writes_nothing(
     repo: AgentRunRepository, observer: Conn, runs: Runs, argument: str, call: Call
 ) -> None:
-    before = (
-        counts(observer),
-        observer.execute("SELECT md5(string_agg(r::text, '')) FROM agent_runs r").fetchone(),
-    )
-    with pytest.raises(InvalidArgument) as caught:
-        call(repo, runs)
-    assert argument in str(caught.value), str(caught.value)
-    after = (
-        counts(observer),
-        observer.execute("SELECT md5(string_agg(r::text, '')) FROM agent_runs r").fetchone(),
-    )
-    assert after == before
-    assert not repo.conn.info.transaction_status  # idle: no transaction left open
+    assert_refused_writing_nothing(repo, observer, runs, argument, call)
 
 
 @pytest.mark.parametrize(("argument", "call"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_odd_input_is_refused_before_any_sql(dsn: str, argument: str, call: Call) -> None:
     """On a closed connection any SQL would fail: only validation can answer."""
-    closed = agent_runs.connect(dsn)
-    closed.close()
-    fake = Runs("pending-run", "running-run", datetime.now(UTC))
-    with pytest.raises(InvalidArgument) as caught:
-        call(AgentRunRepository(closed), fake)
-    assert argument in str(caught.value)
+    assert_refused_before_sql(dsn, argument, call)
 
 
 @pytest.mark.parametrize(("label", "bad"), BAD_JSON, ids=[label for label, _ in BAD_JSON])

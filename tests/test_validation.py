@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 import agent_runs
 from agent_runs import (
@@ -22,7 +19,15 @@ from agent_runs import (
     manifest_fingerprint,
 )
 from tests.fix_server import PgServer
-from tests.helpers import OWNER, read_state
+from tests.helpers import (
+    OWNER,
+    Call,
+    Runs,
+    assert_refused_before_sql,
+    assert_refused_writing_nothing,
+    everything,
+    read_state,
+)
 
 Conn = psycopg.Connection[Any]
 
@@ -30,33 +35,6 @@ LEASE = 30.0
 MANIFEST = {"model": "m"}
 FINGERPRINT = manifest_fingerprint(MANIFEST)
 MARKER = " … [truncated {} characters]"
-
-
-@dataclass(frozen=True)
-class Runs:
-    """The rows a bad call could damage: a pending run and a running run owned by OWNER."""
-
-    pending: str
-    running: str
-    now: datetime
-
-
-Call = Callable[[AgentRunRepository, Runs], object]
-
-
-@pytest.fixture
-def runs(repo: AgentRunRepository, t0: datetime) -> Runs:
-    pending = repo.create_run(thread_id="t1", agent_slug="a", uid="u", request_id="r1")
-    running = repo.create_run(thread_id="t2", agent_slug="a", uid="u", request_id="r2")
-    assert repo.mark_running(running.id, worker_id=OWNER, lease_seconds=LEASE, now=t0).acquired
-    return Runs(pending=pending.id, running=running.id, now=t0 + timedelta(seconds=1))
-
-
-def everything(observer: Conn) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    with observer.cursor(row_factory=dict_row) as cur:
-        runs = cur.execute("SELECT * FROM agent_runs ORDER BY id").fetchall()
-        attempts = cur.execute("SELECT * FROM agent_run_attempts ORDER BY id").fetchall()
-    return runs, attempts
 
 
 def create(**overrides: Any) -> Call:
@@ -335,12 +313,7 @@ CASES = _cases()
 def test_a_bad_argument_is_refused_by_name_and_writes_nothing(
     repo: AgentRunRepository, observer: Conn, runs: Runs, argument: str, call: Call
 ) -> None:
-    before = everything(observer)
-    with pytest.raises(InvalidArgument) as caught:
-        call(repo, runs)
-    assert argument in str(caught.value), str(caught.value)
-    assert isinstance(caught.value, ValueError) and isinstance(caught.value, AgentRunsError)
-    assert everything(observer) == before
+    assert_refused_writing_nothing(repo, observer, runs, argument, call)
 
 
 @pytest.mark.parametrize(("argument", "call"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
@@ -348,12 +321,7 @@ def test_a_bad_argument_is_refused_before_any_sql_runs(
     pg_server: PgServer, argument: str, call: Call
 ) -> None:
     """On a closed connection, any SQL would fail: only validation can answer."""
-    closed = agent_runs.connect(pg_server.admin_url)
-    closed.close()
-    fake = Runs(pending="pending-run", running="running-run", now=datetime.now(UTC))
-    with pytest.raises(InvalidArgument) as caught:
-        call(AgentRunRepository(closed), fake)
-    assert argument in str(caught.value)
+    assert_refused_before_sql(pg_server.admin_url, argument, call)
 
 
 @pytest.mark.parametrize(
