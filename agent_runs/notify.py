@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import threading
 import time
 import uuid
@@ -27,6 +26,7 @@ import psycopg
 from psycopg import pq
 
 from agent_runs import validation as check
+from agent_runs.backoff import Backoff
 from agent_runs.errors import InvalidArgument
 from agent_runs.models import AgentRun
 from agent_runs.repository import AgentRunRepository
@@ -50,9 +50,6 @@ WAIT_POLL_SECONDS: Final = 2.0
 MAX_PENDING: Final = 10_000
 # The listener thread checks its stop flag at least this often.
 _LISTEN_SLICE_SECONDS: Final = 0.25
-# Reconnect back-off after a dropped listener: BASE * 2**n, capped, with jitter (x 0.5..1).
-_BACKOFF_BASE_SECONDS: Final = 0.1
-_BACKOFF_CAP_SECONDS: Final = 10.0
 # A dead peer (no FIN) is noticed by TCP keepalives: the listener only ever reads.
 _LISTENER_DEFAULTS: Final[Mapping[str, Any]] = {
     "connect_timeout": 5,
@@ -63,8 +60,6 @@ _LISTENER_DEFAULTS: Final[Mapping[str, Any]] = {
 }
 
 log = logging.getLogger("agent_runs.notify")
-# Reconnect jitter from a generator of its own (never the global random state).
-_jitter = random.Random()
 
 
 def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds: float) -> AgentRun:
@@ -216,7 +211,7 @@ class Wakeups:
         return self._slugs is None or payload in self._slugs
 
     def _listen(self) -> None:
-        failures = 0  # consecutive failed connects since the last drop
+        backoff = Backoff(initial=0.1, cap=10.0)  # between failed connects since the last drop
         dropped = False
         while not self._stop.is_set():
             try:
@@ -234,7 +229,7 @@ class Wakeups:
                     self._listening = True
                     if dropped:
                         log.info("listening on %s again", CLAIMABLE_CHANNEL)
-                    failures = 0
+                    backoff.reset()
                     dropped = False
                     self._post()  # catch up on whatever became claimable while nobody listened
                     self._receive(conn)
@@ -253,9 +248,7 @@ class Wakeups:
                     dropped = True
                 else:
                     log.debug("listener reconnect failed: %s", type(exc).__name__)
-                delay = min(_BACKOFF_CAP_SECONDS, _BACKOFF_BASE_SECONDS * 2**failures)
-                failures = min(failures + 1, 16)
-                self._stop.wait(delay * _jitter.uniform(0.5, 1.0))
+                self._stop.wait(backoff.next_delay())
         self._listening = False
 
     def _probe(self, conn: psycopg.Connection[Any]) -> bool:

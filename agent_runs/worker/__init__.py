@@ -7,8 +7,8 @@ held, renewed in batches, cancel requests seen), `outcome` (the decision, a pure
 
 from __future__ import annotations
 
+from agent_runs.backoff import Backoff
 from agent_runs.errors import LeaseLost, RetryableError
-from agent_runs.worker.backoff import Backoff
 from agent_runs.worker.heartbeat import HeartbeatService
 from agent_runs.worker.protocol import Agent, AgentResult, RunContext
 from agent_runs.worker.runtime import Worker

@@ -15,10 +15,10 @@ from contextlib import AbstractContextManager
 
 from psycopg_pool import PoolClosed
 
+from agent_runs.backoff import Backoff
 from agent_runs.errors import DB_ERRORS
 from agent_runs.models import AgentRun, AttemptOutcome, RunStatus
 from agent_runs.repository import AgentRunRepository
-from agent_runs.worker.backoff import Backoff
 from agent_runs.worker.heartbeat import Lease
 from agent_runs.worker.outcome import CANCELLED, Decision
 from agent_runs.worker.text import one_line

@@ -13,10 +13,10 @@ import time
 
 from psycopg_pool import ConnectionPool, PoolClosed
 
+from agent_runs.backoff import Backoff
 from agent_runs.errors import DB_ERRORS
 from agent_runs.models import RunStatus
 from agent_runs.repository import AgentRunRepository
-from agent_runs.worker.backoff import Backoff
 from agent_runs.worker.connection import connection
 from agent_runs.worker.text import one_line
 

@@ -27,11 +27,11 @@ from typing import TypeVar
 from psycopg_pool import ConnectionPool, PoolClosed
 
 from agent_runs import validation as check
+from agent_runs.backoff import Backoff
 from agent_runs.errors import DB_ERRORS, LeaseLost
 from agent_runs.models import AgentRun, RunStatus
 from agent_runs.notify import Wakeups
 from agent_runs.repository import AgentRunRepository
-from agent_runs.worker.backoff import Backoff
 from agent_runs.worker.completer import Completer
 from agent_runs.worker.connection import connection
 from agent_runs.worker.heartbeat import HeartbeatService, Lease
