@@ -285,8 +285,7 @@ class AgentRunRepository(OperatorQueries):
             {
                 "run_id": check.identifier("run_id", run_id),
                 "worker_id": check.worker_id(worker_id),
-                "lease_seconds": check.lease_seconds(lease_seconds),
-                "now": check.now(now, check.lease_seconds(lease_seconds)),
+                **check.lease(lease_seconds, now),
                 "lost_message": LEASE_EXPIRED_MESSAGE,
             },
         )
@@ -330,8 +329,7 @@ class AgentRunRepository(OperatorQueries):
             name,
             {
                 "worker_id": check.worker_id(worker_id),
-                "lease_seconds": check.lease_seconds(lease_seconds),
-                "now": check.now(now, check.lease_seconds(lease_seconds)),
+                **check.lease(lease_seconds, now),
                 "agent_slugs": check.agent_slugs(agent_slugs),
                 "lost_message": LEASE_EXPIRED_MESSAGE,
             },
@@ -352,8 +350,7 @@ class AgentRunRepository(OperatorQueries):
             {
                 "run_id": check.identifier("run_id", run_id),
                 "worker_id": check.worker_id(worker_id),
-                "lease_seconds": check.lease_seconds(lease_seconds),
-                "now": check.now(now, check.lease_seconds(lease_seconds)),
+                **check.lease(lease_seconds, now),
             },
         )
         return bool(rows)
@@ -374,8 +371,7 @@ class AgentRunRepository(OperatorQueries):
         params = {
             "run_ids": run_ids,
             "worker_ids": worker_ids,
-            "lease_seconds": check.lease_seconds(lease_seconds),
-            "now": check.now(now, check.lease_seconds(lease_seconds)),
+            **check.lease(lease_seconds, now),
         }
         if not run_ids:
             return {}

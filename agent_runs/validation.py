@@ -153,6 +153,13 @@ def now(value: object, lease_seconds: float | None = None) -> datetime | None:
     )
 
 
+def lease(seconds: object, at: object) -> dict[str, Any]:
+    """The `lease_seconds` and `now` parameters of a transition that sets a lease: both checked
+    (`now + lease_seconds` inside the window too), the lease once."""
+    checked = lease_seconds(seconds)
+    return {"lease_seconds": checked, "now": now(at, checked)}
+
+
 def terminal_status(value: object) -> RunStatus:
     try:
         status = RunStatus(value) if isinstance(value, str) else RunStatus(repr(value))
