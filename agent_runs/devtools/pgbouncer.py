@@ -50,9 +50,6 @@ class PgBouncer:
         netloc = f"{quote(self.user, safe='')}@127.0.0.1:{self.port}"
         return urlunsplit(("postgresql", netloc, dbname, "", ""))
 
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
-
 
 def _run_as(host: str) -> list[str]:
     """PgBouncer refuses to run as root: drop to an unprivileged user then. A server reached by
