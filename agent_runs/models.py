@@ -106,6 +106,23 @@ class Claim(NamedTuple):
     acquired: bool
 
 
+class ClaimedRun(NamedTuple):
+    """Result of claim_next_attempt(s): the run as it is now, and the attempt_no it opened."""
+
+    run: AgentRun
+    attempt_no: int
+
+
+class Finish(NamedTuple):
+    """One run for finish_runs: its owner's terminal status and error classification."""
+
+    run_id: str
+    worker_id: str
+    status: RunStatus | str
+    error_type: str | None = None
+    error_message: str | None = None
+
+
 class Transition(NamedTuple):
     """Result of a guarded transition: the run as it is now, and whether this call changed it."""
 

@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from datetime import UTC, datetime
@@ -32,7 +32,15 @@ from agent_runs.errors import (
     NotLeaseOwner,
     ThreadBusy,
 )
-from agent_runs.models import AgentRun, Claim, RunAttempt, RunStatus, Transition
+from agent_runs.models import (
+    AgentRun,
+    Claim,
+    ClaimedRun,
+    Finish,
+    RunAttempt,
+    RunStatus,
+    Transition,
+)
 from agent_runs.operations import OperatorQueries
 from agent_runs.sql import query
 from agent_runs.transport import Channel, Row, rows_of, statement
@@ -74,6 +82,10 @@ def _utc(fields_: list[Any], stamps: tuple[int, ...]) -> list[Any]:
         if value is not None and value.tzinfo is not UTC:
             fields_[i] = value.astimezone(UTC)
     return fields_
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is UTC else value.astimezone(UTC)
 
 
 def _run(row: Row) -> AgentRun:
@@ -312,10 +324,34 @@ class AgentRunRepository(OperatorQueries):
         lease_seconds: float,
         now: datetime | None = None,
         agent_slugs: list[str] | None = None,
-    ) -> tuple[AgentRun, int] | None:
+    ) -> ClaimedRun | None:
         """claim_next that also answers the attempt_no it opened (no second read needed)."""
         row = self._claim_next("claim_next", worker_id, lease_seconds, now, agent_slugs)
-        return None if row is None else (_run(row), int(row["attempt_no"]))
+        return None if row is None else ClaimedRun(_run(row), int(row["attempt_no"]))
+
+    def claim_next_attempts(
+        self,
+        *,
+        worker_ids: Sequence[str],
+        lease_seconds: float,
+        now: datetime | None = None,
+        agent_slugs: list[str] | None = None,
+    ) -> list[ClaimedRun]:
+        """claim_next for up to one run per owner token, in one statement: the n-th oldest
+        claimable run goes to worker_ids[n], each with claim_next's rules and attempt facts;
+        fewer (or none) when fewer are claimable. In FIFO order."""
+        rows = self._claim(
+            "claim_next_attempts",
+            {
+                "worker_ids": check.worker_ids(worker_ids),
+                **check.lease(lease_seconds, now),
+                "agent_slugs": check.agent_slugs(agent_slugs),
+                "lost_message": LEASE_EXPIRED_MESSAGE,
+            },
+        )
+        claimed = [ClaimedRun(_run(row), int(row["attempt_no"])) for row in rows]
+        claimed.sort(key=lambda c: (c.run.created_at, c.run.id))
+        return claimed
 
     def _claim_next(
         self,
@@ -428,6 +464,26 @@ class AgentRunRepository(OperatorQueries):
         if not rows:
             return Transition(None, False)
         return Transition(_run(rows[0]), bool(rows[0]["changed"]))
+
+    def finish_runs(
+        self, finishes: Sequence[Finish], *, now: datetime | None = None
+    ) -> dict[str, datetime]:
+        """set_terminal_status for many runs of their owners, in one statement (each run under
+        its own lock and rule). The lean answer: run_id -> finished_at of each run finished; a
+        refused or missing run is absent (ask set_terminal_status or get_run why)."""
+        run_ids, worker_ids, statuses, error_types, error_messages = check.finishes(finishes)
+        rows = self._execute(
+            "finish_runs",
+            {
+                "run_ids": run_ids,
+                "worker_ids": worker_ids,
+                "statuses": statuses,
+                "error_types": error_types,
+                "error_messages": error_messages,
+                "now": check.now(now),
+            },
+        )
+        return {row["id"]: _aware(row["finished_at"]) for row in rows}
 
     def request_cancel(self, run_id: str, *, now: datetime | None = None) -> AgentRun | None:
         """Cancel a run that never started; ask the owner of any other live run to cancel."""

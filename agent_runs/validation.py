@@ -41,6 +41,7 @@ MAX_LEASE_SECONDS: Final = 86400
 MAX_POLL_SECONDS: Final = 3600
 MAX_TRIES: Final = 1_000_000
 MAX_LIMIT: Final = 100_000
+MAX_BATCH: Final = 1000  # runs per claim_next_attempts / finish_runs call
 MAX_DSN_LENGTH: Final = 4096
 MAX_JSON_DEPTH: Final = 64
 # Python refuses to print ints of more than 4,300 digits by default; jsonb would keep them,
@@ -381,6 +382,50 @@ def leases(value: object) -> tuple[list[str], list[str]]:
     run_ids = [identifier("leases run_id", run_id) for run_id in value]
     worker_ids = [worker_id(owner, "leases worker_id") for owner in value.values()]
     return run_ids, worker_ids
+
+
+def worker_ids(value: object) -> list[str]:
+    """claim_next_attempts: 1..MAX_BATCH distinct owner tokens; a lone str is refused."""
+    items = _batch("worker_ids", value)
+    owners = [worker_id(owner, "worker_ids") for owner in items]
+    if len(set(owners)) != len(owners):
+        raise InvalidArgument("worker_ids must be distinct (one run per owner token)")
+    return owners
+
+
+def finishes(value: object) -> list[list[str | None]]:
+    """finish_runs: 1..MAX_BATCH Finish values of distinct runs, as five parallel lists
+    (run_ids, worker_ids, statuses, error_types, error_messages)."""
+    items = _batch("finishes", value)
+    columns: list[list[str | None]] = [[], [], [], [], []]
+    for item in items:
+        if not isinstance(item, tuple) or len(item) != 5:
+            raise InvalidArgument(
+                "finishes must hold Finish(run_id, worker_id, status, error_type, error_message)"
+                f" values, got {type(item).__name__}"
+            )
+        run_id, owner, status, error, message = item
+        row = (
+            identifier("finishes run_id", run_id),
+            worker_id(owner, "finishes worker_id"),
+            terminal_status(status).value,
+            error_type(error),
+            error_message(message),
+        )
+        for column, field in zip(columns, row, strict=True):
+            column.append(field)
+    if len(set(columns[0])) != len(columns[0]):
+        raise InvalidArgument("finishes must name each run_id once")
+    return columns
+
+
+def _batch(name: str, value: object) -> list[object]:
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise InvalidArgument(f"{name} must be a list, got {type(value).__name__}")
+    items = list(value)
+    if not 1 <= len(items) <= MAX_BATCH:
+        raise InvalidArgument(f"{name} must hold 1 to {MAX_BATCH} items, got {len(items)}")
+    return items
 
 
 # -- worker settings ------------------------------------------------------------------------

@@ -219,6 +219,40 @@ def test_renew_leases_looks_up_each_run_and_attempt_of_the_batch(seeded: Conn, m
 
 
 @pytest.mark.parametrize("mode", PLAN_MODES)
+@pytest.mark.parametrize("agent_slugs", [None, ["agent-1"]], ids=["any-agent", "one-agent"])
+def test_a_batched_claim_reads_the_claimable_index_in_order_and_looks_up_attempts(
+    seeded: Conn, mode: str, agent_slugs: list[str] | None
+) -> None:
+    params = {**_claim_params(agent_slugs), "worker_ids": [f"claimer-{n}" for n in range(16)]}
+    plan = _plan(seeded, "claim_next_attempts", params, mode)
+    backlog_reads = [n for n in _scans_of(plan, "agent_runs") if "Index Cond" not in n]
+    indexes = [n.get("Index Name") for n in backlog_reads]
+    assert indexes == ["ix_agent_runs_claimable"], _describe(plan)
+    sorts = [n for n in _nodes(plan) if n["Node Type"] in {"Sort", "Incremental Sort"}]
+    # Only the claimed rows are numbered (at most one per worker_id); the backlog is not sorted.
+    assert not any(_scans_of(n, "agent_runs") for n in sorts), _describe(plan)
+    _assert_lookups(plan, "agent_run_attempts", "run_id")
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_finish_runs_looks_up_each_run_and_attempt_of_the_batch(seeded: Conn, mode: str) -> None:
+    rows = seeded.execute(
+        "SELECT id, worker_id FROM agent_runs WHERE id LIKE 'live-%' ORDER BY id LIMIT 10"
+    ).fetchall()
+    params = {
+        "run_ids": [r[0] for r in rows],
+        "worker_ids": [r[1] for r in rows],
+        "statuses": ["completed"] * len(rows),
+        "error_types": [None] * len(rows),
+        "error_messages": [None] * len(rows),
+        "now": None,
+    }
+    plan = _plan(seeded, "finish_runs", params, mode)
+    _assert_lookups(plan, "agent_runs", "id")
+    _assert_lookups(plan, "agent_run_attempts", "run_id")
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
 def test_the_reconciler_never_reads_the_history(seeded: Conn, mode: str, t0: datetime) -> None:
     """It reads the live runs (ix_agent_runs_live) when the statistics know the backlog. After a
     quiet ANALYZE both partial indexes over active runs look empty, and the planner may read

@@ -12,13 +12,17 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import replace
+from datetime import datetime
 
 from psycopg_pool import PoolClosed
 
+from agent_runs import validation as check
 from agent_runs.backoff import Backoff
 from agent_runs.errors import DB_ERRORS
-from agent_runs.models import AgentRun, AttemptOutcome, RunStatus
+from agent_runs.models import AgentRun, AttemptOutcome, Finish, RunStatus
 from agent_runs.repository import AgentRunRepository
+from agent_runs.worker.batching import GroupCommit
 from agent_runs.worker.heartbeat import Lease
 from agent_runs.worker.outcome import CANCELLED, Decision
 from agent_runs.worker.text import one_line
@@ -35,14 +39,49 @@ class Completer:
         self._repository = repository
         self._lease_seconds = lease_seconds
         self._retry_cap = retry_cap
+        # Threads that finish runs at the same time share one finish_runs statement.
+        self.finishing = GroupCommit(self._finish_batch, max_batch=check.MAX_BATCH)
 
     def finish(self, run: AgentRun, lease: Lease, decision: Decision, tag: str) -> AgentRun:
-        """Write `decision` for `run`; the run as it is afterwards (as far as known)."""
+        """Write `decision` for `run`; the run as it is afterwards (as far as known).
+
+        A terminal status is first written in a batch with other threads' (finish_runs); a
+        refusal or a failure there goes on one run at a time, where the refusal is explained.
+        """
         lease.finishing = True
         backoff = Backoff(cap=self._retry_cap)
         # Once the agent stopped the heartbeat the lease cannot be proven; try for one lease.
         give_up_at = time.monotonic() + self._lease_seconds
         in_doubt = False  # a previous try may have committed although its reply was lost
+        if decision.status is not None and self._unwritable(lease, give_up_at) is None:
+            finish = Finish(
+                run.id,
+                lease.worker_id,
+                decision.status,
+                decision.error_type,
+                decision.error_message,
+            )
+            check.finishes([finish])  # a bad item must not fail the other threads' batch
+            try:
+                finished_at = self.finishing.submit(finish)
+            except PoolClosed:
+                log.warning("%s: pool closed before the result was written", tag)
+                return run
+            except DB_ERRORS as exc:
+                in_doubt = True
+                delay = backoff.next_delay()
+                log.warning(
+                    "%s: could not write %s (%s); retrying in %.1fs",
+                    tag,
+                    decision.status,
+                    one_line(exc),
+                    delay,
+                )
+                time.sleep(delay)
+            else:
+                if finished_at is not None:
+                    log.info("%s: %s%s", tag, decision.status, _error(decision))
+                    return _ended(run, decision, finished_at)
         while True:
             if in_doubt and (done := self._confirm(run.id, lease, decision)) is not None:
                 log.info("%s: %s (confirmed after a lost reply)", tag, done.status)
@@ -88,6 +127,11 @@ class Completer:
                 current.status if current is not None else "gone",
             )
             return current or run
+
+    def _finish_batch(self, finishes: list[Finish]) -> list[datetime | None]:
+        with self._repository() as repo:
+            finished = repo.finish_runs(finishes)
+        return [finished.get(finish.run_id) for finish in finishes]
 
     def _unwritable(self, lease: Lease, give_up_at: float) -> str | None:
         if lease.lost:
@@ -149,6 +193,22 @@ class Completer:
                 return repo.get_run(run.id) or run
         except DB_ERRORS:
             return run
+
+
+def _ended(run: AgentRun, decision: Decision, finished_at: datetime) -> AgentRun:
+    """The run as finish_runs wrote it, from what was sent (its lean answer is finished_at)."""
+    assert decision.status is not None
+    return replace(
+        run,
+        status=decision.status,
+        error_type=decision.error_type,
+        error_message=check.error_message(decision.error_message),
+        worker_id=None,
+        heartbeat_at=None,
+        lease_expires_at=None,
+        finished_at=finished_at,
+        updated_at=finished_at,
+    )
 
 
 def _cancel_arrived(current: AgentRun | None, lease: Lease, decision: Decision) -> bool:

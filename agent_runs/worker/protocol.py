@@ -52,6 +52,7 @@ class RunContext:
         self._lease = lease
         self._stop = stop
         self.run_id = run.id
+        self.run = run  # the run as this execution last wrote it (a recorded manifest included)
         self.attempt_no = attempt_no
         self.worker_id = lease.worker_id
         self.lease_seconds = lease.lease_seconds
@@ -93,9 +94,12 @@ class RunContext:
         fingerprint = manifest_fingerprint(manifest)
 
         def write(repo: AgentRunRepository) -> bool:
-            return repo.record_run_manifest(
+            transition = repo.record_run_manifest(
                 self.run_id, manifest=manifest, fingerprint=fingerprint, worker_id=self.worker_id
-            ).changed
+            )
+            if transition.changed and transition.run is not None:
+                self.run = transition.run
+            return transition.changed
 
         return self._worker.with_lease_retry(self._lease, write, "record the manifest")
 

@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from types import TracebackType
 from typing import TypeVar
 
@@ -29,9 +29,10 @@ from psycopg_pool import ConnectionPool, PoolClosed
 from agent_runs import validation as check
 from agent_runs.backoff import Backoff
 from agent_runs.errors import DB_ERRORS, LeaseLost
-from agent_runs.models import AgentRun, RunStatus
+from agent_runs.models import AgentRun, ClaimedRun, RunStatus
 from agent_runs.notify import Wakeups
 from agent_runs.repository import AgentRunRepository
+from agent_runs.worker.batching import GroupCommit
 from agent_runs.worker.completer import Completer
 from agent_runs.worker.connection import connection
 from agent_runs.worker.heartbeat import HeartbeatService, Lease
@@ -99,6 +100,8 @@ class Worker:
             lease_seconds=self.lease_seconds,
             retry_cap=max(0.2, self.heartbeat_seconds),
         )
+        # Claimer threads that are idle at the same time share one claim statement.
+        self.claiming = GroupCommit(self._claim_batch, max_batch=check.MAX_BATCH)
         # 0 while all is well; non-zero once an agent asked the process to exit.
         self.exit_code = 0
         self._stopping = threading.Event()
@@ -277,20 +280,15 @@ class Worker:
         if self.stopping:
             return None
         token = self.new_owner_token()
-        claimed_at: float | None = None
+        # Taken before the claim is sent: the lease cannot start earlier in the database.
+        claimed_at = time.monotonic()
         attempt_no: int | None = None  # known from the claim's own answer
         try:
-            with self.repository() as repo:
-                # Taken after the checkout (which may wait out an outage) and before the claim
-                # is sent: the lease cannot start earlier in the database. Conservative.
-                claimed_at = time.monotonic()
-                claimed = repo.claim_next_attempt(
-                    worker_id=token, lease_seconds=self.lease_seconds, agent_slugs=self.agent_slugs
-                )
+            claimed = self.claiming.submit(token)
             run, attempt_no = (None, None) if claimed is None else claimed
+        except _ClaimNotSent as exc:  # no connection: nothing was claimed
+            raise exc.error from None
         except DB_ERRORS:
-            if claimed_at is None:  # no connection: the claim was never sent
-                raise
             # The claim may have committed although its reply was lost: find it by our token
             # while its lease can still be live, rather than leave it to expire unexecuted.
             run = self._find_claim_in_doubt(token, deadline=claimed_at + self.lease_seconds)
@@ -304,6 +302,26 @@ class Worker:
             return self._execute(run, lease, stop, attempt_no)
         finally:
             self.heartbeat.untrack(lease)
+
+    def _claim_batch(self, tokens: list[str]) -> list[ClaimedRun | None]:
+        """One claim statement for every claimer thread waiting now: a run each, oldest first."""
+        with ExitStack() as checkout:
+            try:
+                repo = checkout.enter_context(self.repository())
+            except DB_ERRORS as exc:
+                raise _ClaimNotSent(exc) from exc
+            if len(tokens) == 1:  # a lone claimer: claim_next's own statement (LIMIT 1)
+                one = repo.claim_next_attempt(
+                    worker_id=tokens[0],
+                    lease_seconds=self.lease_seconds,
+                    agent_slugs=self.agent_slugs,
+                )
+                return [one]
+            claimed = repo.claim_next_attempts(
+                worker_ids=tokens, lease_seconds=self.lease_seconds, agent_slugs=self.agent_slugs
+            )
+        by_owner = {c.run.worker_id: c for c in claimed}
+        return [by_owner.get(token) for token in tokens]
 
     def _find_claim_in_doubt(self, token: str, *, deadline: float) -> AgentRun | None:
         backoff = Backoff(cap=max(0.2, self.heartbeat_seconds))
@@ -363,7 +381,7 @@ class Worker:
                 attempt_no=attempt_no,
                 max_tries=self.max_tries,
             )
-            ended = self.completer.finish(run, lease, decision, tag)
+            ended = self.completer.finish(ctx.run, lease, decision, tag)
         if isinstance(ending.raised, KeyboardInterrupt):
             raise ending.raised
         return ended
@@ -389,6 +407,14 @@ class Worker:
                     delay,
                 )
                 time.sleep(delay)
+
+
+class _ClaimNotSent(Exception):
+    """No connection for a batch of claims: nothing was sent, so nothing can be in doubt."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _call(agent: Agent, run: AgentRun, ctx: RunContext) -> Ending:

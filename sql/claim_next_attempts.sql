@@ -1,0 +1,56 @@
+-- claim_next_attempts: claim_next for up to one run per worker_id, in one statement.
+-- from: as claim_next; the oldest claimable runs not locked by another claimer, at most one each
+-- to:   as claim_next for each run; the n-th oldest run goes to the n-th worker_id
+-- returns: each run claimed as it is now, with the attempt_no it opened; no row when none
+-- notes: sql/README.md (clock, CASE not IN, data-modifying CTEs, lock order)
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+candidate AS (
+    -- Read in ix_agent_runs_claimable order: no sort of the backlog.
+    SELECT r.id, r.created_at
+    FROM agent_runs r
+    WHERE (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
+      AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
+               ELSE r.agent_slug = ANY (%(agent_slugs)s::text[]) END
+    ORDER BY r.created_at, r.id
+    LIMIT cardinality(%(worker_ids)s::text[])
+    FOR UPDATE SKIP LOCKED
+),
+lease AS (
+    SELECT c.id, owner.worker_id, clock.now,
+           clock.now + make_interval(secs => %(lease_seconds)s::float8) AS expires_at
+    FROM (SELECT id, row_number() OVER (ORDER BY created_at, id) AS n FROM candidate) AS c
+    JOIN unnest(%(worker_ids)s::text[]) WITH ORDINALITY AS owner (worker_id, n) USING (n)
+    CROSS JOIN clock
+),
+expired AS (
+    UPDATE agent_run_attempts a
+    SET (finished_at, updated_at, outcome, error_type, error_message) =
+        (clock.now, clock.now, 'lease_expired', 'worker_lease_expired', %(lost_message)s::text)
+    FROM clock
+    -- An array of the claimed ids: index lookups, never a walk over every open attempt.
+    WHERE a.run_id = ANY (ARRAY(SELECT id FROM lease)) AND a.finished_at IS NULL
+    RETURNING a.id
+),
+opened AS (
+    INSERT INTO agent_run_attempts (run_id, attempt_no, worker_id, started_at, heartbeat_at,
+                                    lease_expires_at, created_at, updated_at)
+    SELECT lease.id, previous.n + 1, lease.worker_id,
+           greatest(lease.now, previous.ended), lease.now, lease.expires_at, lease.now, lease.now
+    FROM lease,
+         LATERAL (SELECT coalesce(max(a.attempt_no), 0) AS n, max(a.finished_at) AS ended
+                  FROM agent_run_attempts a WHERE a.run_id = lease.id) AS previous
+    WHERE (SELECT count(*) FROM expired) >= 0
+    RETURNING run_id, attempt_no
+)
+UPDATE agent_runs r
+SET status = CASE WHEN r.status = 'pending' THEN 'running' ELSE r.status END,
+    worker_id = lease.worker_id,
+    heartbeat_at = lease.now,
+    lease_expires_at = lease.expires_at,
+    started_at = coalesce(r.started_at, lease.now),
+    updated_at = lease.now
+FROM lease, opened
+WHERE r.id = lease.id AND opened.run_id = lease.id
+RETURNING r.*, opened.attempt_no
