@@ -7,16 +7,23 @@
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
+batch AS (
+    -- Arrays behind a sub-select: the planner's estimate no longer depends on their length, so
+    -- the prepared statement keeps one generic plan instead of planning every call.
+    SELECT (SELECT %(run_ids)s::text[]) AS run_ids
+),
 decided AS (
     SELECT *
-    FROM unnest(%(run_ids)s::text[], %(worker_ids)s::text[], %(statuses)s::text[],
-                %(error_types)s::text[], %(error_messages)s::text[])
+    FROM unnest((SELECT run_ids FROM batch), (SELECT %(worker_ids)s::text[]),
+                (SELECT %(statuses)s::text[]), (SELECT %(error_types)s::text[]),
+                (SELECT %(error_messages)s::text[]))
          AS d (run_id, worker_id, status, error_type, error_message)
 ),
 locked AS (
     SELECT r.id
     FROM agent_runs r
-    WHERE r.id = ANY (%(run_ids)s::text[])  -- index lookups, never a walk over live runs
+    -- index lookups, never a walk over live runs
+    WHERE r.id = ANY ((SELECT run_ids FROM batch)::text[])
     ORDER BY r.id
     FOR UPDATE
 ),
@@ -43,7 +50,7 @@ attempt AS (
         (finished.finished_at, finished.finished_at, finished.status, finished.error_type,
          finished.error_message)
     FROM finished
-    WHERE a.run_id = ANY (%(run_ids)s::text[]) AND a.run_id = finished.id
+    WHERE a.run_id = ANY ((SELECT run_ids FROM batch)::text[]) AND a.run_id = finished.id
       AND a.finished_at IS NULL
       AND a.worker_id = finished.worker_id
     RETURNING a.id

@@ -251,6 +251,26 @@ def test_finish_runs_notifies_each_finished_run(
     assert heard == set(finished) == {runs[0].id, runs[1].id}
 
 
+def test_batched_statements_keep_one_generic_plan(
+    repo: AgentRunRepository, conn: Conn, t0: datetime
+) -> None:
+    """A batch's length must not make each call plan anew (a custom plan per call costs more
+    than the statement): after PostgreSQL's five trial plans, the generic plan is used."""
+    for n in range(12):
+        for _ in range(3):
+            new_run(repo)
+        owners = [f"w{n}:{k}" for k in range(1 + n % 3)]
+        claimed = repo.claim_next_attempts(worker_ids=owners, lease_seconds=30)
+        repo.finish_runs([Finish(c.run.id, c.run.worker_id or "", "completed") for c in claimed])
+    rows = conn.execute("SELECT name, generic_plans FROM pg_prepared_statements").fetchall()
+    plans = {
+        name: generic
+        for name, generic in rows
+        if name.startswith(("agent_runs_claim_next_attempts_", "agent_runs_finish_runs_"))
+    }
+    assert len(plans) == 2 and all(generic >= 5 for generic in plans.values()), plans
+
+
 # --- bad input -----------------------------------------------------------------------------------
 
 
