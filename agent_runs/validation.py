@@ -431,6 +431,16 @@ def _batch(name: str, value: object) -> list[object]:
 # -- worker settings ------------------------------------------------------------------------
 
 
+COMPLETIONS: Final = ("durable", "async")
+
+
+def completion(value: object) -> str:
+    """How a worker writes a run's end: `durable` (the thread waits for the commit) or `async`."""
+    if not isinstance(value, str) or value not in COMPLETIONS:
+        raise InvalidArgument(f"completion must be 'durable' or 'async', got {_shown(value)}")
+    return value
+
+
 def worker_name(value: object) -> str:
     """A worker's stable name: 1-95 characters, so that `name:<32 hex>` fits a worker_id."""
     return _text("name", value, MAX_WORKER_NAME_LENGTH)

@@ -18,9 +18,9 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from agent_runs import AgentRun, AgentRunRepository, RunStatus, create_pool
+from agent_runs import AgentRun, AgentRunRepository, InvalidArgument, RunStatus, create_pool
 from agent_runs.worker import AgentResult, RunContext, Worker
-from tests.helpers import enqueue, new_run, wait_until
+from tests.helpers import enqueue, new_run, wait_for_lock_waiters, wait_until
 
 Conn = psycopg.Connection[Any]
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,7 +174,7 @@ def _worker_process(dsn: str, log: Path) -> subprocess.Popen[bytes]:
         return _popen(dsn, out)
 
 
-def _popen(dsn: str, out: Any) -> subprocess.Popen[bytes]:
+def _popen(dsn: str, out: Any, *extra: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
             sys.executable,
@@ -189,6 +189,7 @@ def _popen(dsn: str, out: Any) -> subprocess.Popen[bytes]:
             "2",
             "--name",
             "killed",
+            *extra,
         ],
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
@@ -232,3 +233,107 @@ def test_worker_processes_killed_mid_batch_leave_only_explained_runs(
     assert set(facts) <= explained, set(facts) - explained
     lost = sum(1 for fact in facts if fact[0] == "failed")
     assert lost <= 3 * THREADS  # at most what each killed process held
+
+
+# --- the opt-in asynchronous completion ----------------------------------------------------------
+
+
+def test_async_completion_writes_every_end_by_close(
+    pool: ConnectionPool, repo: AgentRunRepository, observer: Conn
+) -> None:
+    runs = [new_run(repo).id for _ in range(40)]
+    ended: list[AgentRun] = []
+    stop = threading.Event()
+    worker = Worker(
+        pool, lambda r, c: AgentResult.completed(), lease_seconds=30, completion="async"
+    )
+    try:
+
+        def loop() -> None:
+            while (run := worker.run_once(stop=stop)) is not None:
+                ended.append(run)
+
+        threads = [threading.Thread(target=loop) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        worker.close()  # writes what the flusher still holds
+    flusher = worker.flusher
+    assert flusher is not None and flusher.pending == 0 and flusher.items == len(runs)
+    # The thread was told the decision before it was written: no finished_at yet.
+    assert {(run.status, run.finished_at) for run in ended} == {(RunStatus.COMPLETED, None)}
+    _one_completed_attempt_each(observer, runs)
+
+
+def test_async_completion_still_explains_a_refusal(
+    pool: ConnectionPool, repo: AgentRunRepository, observer: Conn, dsn: str
+) -> None:
+    """A cancel that arrives after the last heartbeat: the batch refuses `completed`, the
+    one-run path sees the cancel request and ends the run `cancelled`."""
+    run = new_run(repo)
+
+    def agent(run: AgentRun, ctx: RunContext) -> AgentResult:
+        with psycopg.connect(dsn, autocommit=True) as other:
+            assert AgentRunRepository(other).request_cancel(run.id) is not None
+        return AgentResult.completed()
+
+    with Worker(pool, agent, lease_seconds=30, completion="async") as worker:
+        told = worker.run_once()
+    assert told is not None and told.status == RunStatus.COMPLETED  # the decision, not the fact
+    stored = repo.get_run(run.id)
+    assert stored is not None and stored.status == RunStatus.CANCELLED
+    (attempt,) = repo.list_run_attempts(run.id)
+    assert attempt.outcome == "cancelled"
+
+
+def test_a_crash_before_the_async_flush_ends_the_run_through_the_reconciler(
+    dsn: str, repo: AgentRunRepository, observer: Conn, tmp_path: Path
+) -> None:
+    """The documented loss window, made wide on purpose: the flush waits on a row lock held
+    here while the worker's host dies (process killed, its connections cut). The run is never
+    lost and never `completed`: the reconciler ends it failed / worker_lease_expired."""
+    run = enqueue(repo, ["sleep:0.3"], agent_slug="scripted")
+    log = tmp_path / "worker.log"
+    with log.open("ab") as out:
+        proc = _popen(dsn, out, "--completion", "async", "--log-level", "DEBUG")
+    try:
+        wait_until(lambda: _status(observer, run.id) == "running", timeout=30)
+        with psycopg.connect(dsn) as blocker:
+            blocker.execute("SELECT 1 FROM agent_runs WHERE id = %s FOR UPDATE", (run.id,))
+            handed = "completed, handed to the flusher"
+            wait_until(lambda: handed in log.read_text(errors="replace"), timeout=30)
+            wait_for_lock_waiters(observer, 1)  # the flush (or a renewal) waits on our lock
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            # The host is gone with its connections: what they sent never commits.
+            ours = [c.info.backend_pid for c in (observer, blocker, repo.conn)]
+            observer.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND NOT pid = ANY(%s)",
+                (ours,),
+            )
+            blocker.rollback()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert _status(observer, run.id) == "running"  # the end the thread was told never committed
+    converged = repo.reconcile_expired_leases(now=datetime.now(UTC) + timedelta(seconds=3))
+    assert [r.id for r in converged] == [run.id]
+    assert converged[0].status == RunStatus.FAILED
+    assert converged[0].error_type == "worker_lease_expired"
+    (attempt,) = repo.list_run_attempts(run.id)
+    assert attempt.outcome == "lease_expired" and "at-least-once" in (attempt.error_message or "")
+
+
+def _status(observer: Conn, run_id: str) -> str:
+    row = observer.execute("SELECT status FROM agent_runs WHERE id = %s", (run_id,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_completion_must_be_durable_or_async(pool: ConnectionPool) -> None:
+    with pytest.raises(InvalidArgument, match="completion"):
+        Worker(pool, lambda r, c: AgentResult.completed(), completion="fast")

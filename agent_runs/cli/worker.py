@@ -32,6 +32,7 @@ from agent_runs.cli.common import (
 from agent_runs.db import create_pool
 from agent_runs.errors import DB_ERRORS
 from agent_runs.repository import AgentRunRepository
+from agent_runs.validation import COMPLETIONS
 from agent_runs.worker import Agent, Backoff, Worker
 
 log = logging.getLogger("agent_runs.cli")
@@ -77,6 +78,14 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-listen", action="store_true", help="no wake-ups: find new runs by polling only"
     )
+    p.add_argument(
+        "--completion",
+        choices=COMPLETIONS,
+        default="durable",
+        help="durable (default): a run counts as done once its end committed; async: ends are "
+        "written in background batches, and a crash before a flush ends those runs through the "
+        "reconciler (failed, worker_lease_expired)",
+    )
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
     p.set_defaults(func=cmd_worker)
 
@@ -108,6 +117,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             max_tries=args.max_tries,
             poll_seconds=args.poll_seconds,
             agent_slugs=args.agent_slugs,
+            completion=args.completion,
             **_listen_options(args, dsn),
         )
     except BaseException:
@@ -129,7 +139,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         for i in range(1, args.concurrency + 1)
     ]
     log.info(
-        "worker %s: %d thread(s), lease %.1fs, heartbeat %.1fs, max tries %d, agent %s, %s",
+        "worker %s: %d thread(s), lease %.1fs, heartbeat %.1fs, max tries %d, agent %s, %s, "
+        "%s completion",
         worker.name,
         args.concurrency,
         worker.lease_seconds,
@@ -139,6 +150,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         f"wake-ups + poll every {worker.poll_seconds:g}s"
         if worker.listen_dsn
         else f"poll every {worker.poll_seconds:g}s",
+        worker.completion,
     )
     for thread in threads:
         thread.start()

@@ -40,20 +40,30 @@ class Completer:
         self._lease_seconds = lease_seconds
         self._retry_cap = retry_cap
         # Threads that finish runs at the same time share one finish_runs statement.
-        self.finishing = GroupCommit(self._finish_batch, max_batch=check.MAX_BATCH)
+        self.finishing = GroupCommit(self.finish_batch, max_batch=check.MAX_BATCH)
 
-    def finish(self, run: AgentRun, lease: Lease, decision: Decision, tag: str) -> AgentRun:
+    def finish(
+        self,
+        run: AgentRun,
+        lease: Lease,
+        decision: Decision,
+        tag: str,
+        *,
+        batched: bool = True,
+        in_doubt: bool = False,
+    ) -> AgentRun:
         """Write `decision` for `run`; the run as it is afterwards (as far as known).
 
         A terminal status is first written in a batch with other threads' (finish_runs); a
         refusal or a failure there goes on one run at a time, where the refusal is explained.
+        `batched=False` starts there; `in_doubt` says an earlier try may have committed.
         """
         lease.finishing = True
         backoff = Backoff(cap=self._retry_cap)
         # Once the agent stopped the heartbeat the lease cannot be proven; try for one lease.
         give_up_at = time.monotonic() + self._lease_seconds
-        in_doubt = False  # a previous try may have committed although its reply was lost
-        if decision.status is not None and self._unwritable(lease, give_up_at) is None:
+        writable = self._unwritable(lease, give_up_at) is None
+        if batched and decision.status is not None and writable:
             finish = Finish(
                 run.id,
                 lease.worker_id,
@@ -81,7 +91,7 @@ class Completer:
             else:
                 if finished_at is not None:
                     log.info("%s: %s%s", tag, decision.status, _error(decision))
-                    return _ended(run, decision, finished_at)
+                    return ended(run, decision, finished_at)
         while True:
             if in_doubt and (done := self._confirm(run.id, lease, decision)) is not None:
                 log.info("%s: %s (confirmed after a lost reply)", tag, done.status)
@@ -128,7 +138,8 @@ class Completer:
             )
             return current or run
 
-    def _finish_batch(self, finishes: list[Finish]) -> list[datetime | None]:
+    def finish_batch(self, finishes: list[Finish]) -> list[datetime | None]:
+        """finish_runs for `finishes`: each one's finished_at, or None where refused."""
         with self._repository() as repo:
             finished = repo.finish_runs(finishes)
         return [finished.get(finish.run_id) for finish in finishes]
@@ -195,8 +206,9 @@ class Completer:
             return run
 
 
-def _ended(run: AgentRun, decision: Decision, finished_at: datetime) -> AgentRun:
-    """The run as finish_runs wrote it, from what was sent (its lean answer is finished_at)."""
+def ended(run: AgentRun, decision: Decision, finished_at: datetime | None) -> AgentRun:
+    """The run as finish_runs writes `decision`, from what is sent (its lean answer is
+    finished_at; None while the write is still to come)."""
     assert decision.status is not None
     return replace(
         run,
@@ -207,7 +219,7 @@ def _ended(run: AgentRun, decision: Decision, finished_at: datetime) -> AgentRun
         heartbeat_at=None,
         lease_expires_at=None,
         finished_at=finished_at,
-        updated_at=finished_at,
+        updated_at=finished_at or run.updated_at,
     )
 
 

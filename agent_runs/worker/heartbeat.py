@@ -35,6 +35,7 @@ class Lease:
         self.cancel_requested = False
         self.heartbeat_stopped = False  # the agent opted out (ctx.stop_heartbeat)
         self.finishing = False  # the final write is under way: a refusal may be our own write
+        self.written_later = False  # handed to the asynchronous flusher, which untracks it
 
     def expired(self) -> bool:
         return time.monotonic() >= self.deadline

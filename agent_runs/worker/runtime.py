@@ -33,10 +33,11 @@ from agent_runs.models import AgentRun, ClaimedRun, RunStatus
 from agent_runs.notify import Wakeups
 from agent_runs.repository import AgentRunRepository
 from agent_runs.worker.batching import GroupCommit
-from agent_runs.worker.completer import Completer
+from agent_runs.worker.completer import Completer, ended
 from agent_runs.worker.connection import connection
+from agent_runs.worker.flusher import Flusher
 from agent_runs.worker.heartbeat import HeartbeatService, Lease
-from agent_runs.worker.outcome import CANCELLED, RELEASE, Ending, decide
+from agent_runs.worker.outcome import CANCELLED, RELEASE, Decision, Ending, decide
 from agent_runs.worker.protocol import Agent, RunContext
 from agent_runs.worker.text import one_line
 
@@ -70,6 +71,7 @@ class Worker:
         poll_seconds: float | None = 1.0,
         agent_slugs: Sequence[str] | None = None,
         listen_dsn: str | None = None,
+        completion: str = "durable",
     ) -> None:
         if name is None:
             name = f"{socket.gethostname()}-{os.getpid()}"[: check.MAX_WORKER_NAME_LENGTH]
@@ -99,6 +101,13 @@ class Worker:
             self.repository,
             lease_seconds=self.lease_seconds,
             retry_cap=max(0.2, self.heartbeat_seconds),
+        )
+        # "async": a run's end is written in the background (agent_runs/worker/flusher.py).
+        self.completion = check.completion(completion)
+        self.flusher = (
+            Flusher(self.completer, self.heartbeat, max_batch=check.MAX_BATCH)
+            if self.completion == "async"
+            else None
         )
         # Claimer threads that are idle at the same time share one claim statement.
         self.claiming = GroupCommit(self._claim_batch, max_batch=check.MAX_BATCH)
@@ -133,7 +142,10 @@ class Worker:
             wakeups.interrupt()
 
     def close(self) -> None:
-        """Stop the heartbeat thread and the wake-up listener. The pool belongs to the caller."""
+        """Write what the flusher holds, stop the heartbeat thread and the wake-up listener.
+        The pool belongs to the caller."""
+        if self.flusher is not None:
+            self.flusher.close()
         self.heartbeat.close()
         with self._wakeups_lock:
             wakeups, self._wakeups = self._wakeups, None
@@ -301,7 +313,8 @@ class Worker:
         try:
             return self._execute(run, lease, stop, attempt_no)
         finally:
-            self.heartbeat.untrack(lease)
+            if not lease.written_later:
+                self.heartbeat.untrack(lease)
 
     def _claim_batch(self, tokens: list[str]) -> list[ClaimedRun | None]:
         """One claim statement for every claimer thread waiting now: a run each, oldest first."""
@@ -381,10 +394,20 @@ class Worker:
                 attempt_no=attempt_no,
                 max_tries=self.max_tries,
             )
-            ended = self.completer.finish(ctx.run, lease, decision, tag)
+            ended = self._finish(ctx.run, lease, decision, tag)
         if isinstance(ending.raised, KeyboardInterrupt):
             raise ending.raised
         return ended
+
+    def _finish(self, run: AgentRun, lease: Lease, decision: Decision, tag: str) -> AgentRun:
+        """Write the end now, or (async completion) hand it to the flusher and return the run
+        as it will be written, finished_at not yet known."""
+        flusher = self.flusher
+        if flusher is None or decision.releases or not lease.provable() or lease.heartbeat_stopped:
+            return self.completer.finish(run, lease, decision, tag)
+        flusher.hand(run, lease, decision, tag)
+        log.debug("%s: %s, handed to the flusher", tag, decision.status)
+        return ended(run, decision, None)
 
     def with_lease_retry(
         self, lease: Lease, call: Callable[[AgentRunRepository], T], what: str

@@ -1,0 +1,132 @@
+"""The opt-in asynchronous completion (`Worker(completion="async")`): write ends in the background.
+
+An executing thread hands its run's terminal decision to one flusher thread and goes on to its
+next claim at once; the flusher writes everything handed to it in one `finish_runs` statement
+per round. The run's lease stays with the heartbeat until its end is written, so it cannot
+expire while it waits. A decision the batch did not write (refused, or a database failure) goes
+through the completer's one-run path, with its retries and explanations.
+
+The loss window: a process that dies (SIGKILL, power loss) after a thread was told "done" and
+before the flush committed leaves its run `running`; its lease then expires and the reconciler
+ends it `failed` / `worker_lease_expired`, with an `lease_expired` attempt that says the outcome
+is unknown. Never silently lost, never `completed`. `close()` flushes everything first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from agent_runs.errors import DB_ERRORS
+from agent_runs.models import AgentRun, Finish
+from agent_runs.worker.completer import Completer
+from agent_runs.worker.heartbeat import HeartbeatService, Lease
+from agent_runs.worker.outcome import Decision
+from agent_runs.worker.text import one_line
+
+log = logging.getLogger("agent_runs.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class _Handed:
+    run: AgentRun
+    lease: Lease
+    decision: Decision
+    tag: str
+
+
+class Flusher:
+    """One background thread writing handed-over terminal decisions in batches."""
+
+    def __init__(
+        self, completer: Completer, heartbeat: HeartbeatService, *, max_batch: int
+    ) -> None:
+        self._completer = completer
+        self._heartbeat = heartbeat
+        self._max_batch = max_batch
+        self._changed = threading.Condition()
+        self._queue: list[_Handed] = []
+        self._writing = 0  # handed items taken by the thread and not yet written
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="agent-runs-flusher", daemon=True)
+        self._thread.start()
+        self.batches = 0
+        self.items = 0
+
+    def hand(self, run: AgentRun, lease: Lease, decision: Decision, tag: str) -> None:
+        """Queue `decision` for `run` (a terminal status); waits while max_batch are queued."""
+        lease.finishing = True
+        lease.written_later = True
+        with self._changed:
+            while len(self._queue) >= self._max_batch and not self._closing:
+                self._changed.wait()
+            self._queue.append(_Handed(run, lease, decision, tag))
+            self._changed.notify_all()
+
+    @property
+    def pending(self) -> int:
+        """Decisions handed over and not yet written."""
+        with self._changed:
+            return len(self._queue) + self._writing
+
+    def close(self, timeout: float | None = None) -> None:
+        """Write everything handed over, then stop the thread."""
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._changed:
+                while not self._queue and not self._closing:
+                    self._changed.wait()
+                if not self._queue:
+                    return  # closing, and everything is written
+                batch = self._queue[: self._max_batch]
+                del self._queue[: self._max_batch]
+                self._writing = len(batch)
+                self._changed.notify_all()
+            try:
+                self._write(batch)
+            except Exception:  # never let the flusher die: the leases then expire, reconciled
+                log.exception("flusher round failed unexpectedly")
+            finally:
+                for handed in batch:
+                    self._heartbeat.untrack(handed.lease)
+                with self._changed:
+                    self._writing = 0
+                    self.batches += 1
+                    self.items += len(batch)
+                    self._changed.notify_all()
+
+    def _write(self, batch: list[_Handed]) -> None:
+        finishes = [
+            Finish(
+                h.run.id,
+                h.lease.worker_id,
+                h.decision.status or "",  # hand() takes terminal decisions only
+                h.decision.error_type,
+                h.decision.error_message,
+            )
+            for h in batch
+        ]
+        in_doubt = False  # the batch may have committed although its reply was lost
+        try:
+            finished = self._completer.finish_batch(finishes)
+        except DB_ERRORS as exc:
+            log.warning("could not write %d end(s) in a batch (%s)", len(batch), one_line(exc))
+            finished, in_doubt = [None] * len(batch), True
+        for handed, finished_at in zip(batch, finished, strict=True):
+            if finished_at is not None:
+                log.info("%s: %s (written)", handed.tag, handed.decision.status)
+            else:  # refused or in doubt: one run at a time, where it is explained or confirmed
+                self._completer.finish(
+                    handed.run,
+                    handed.lease,
+                    handed.decision,
+                    handed.tag,
+                    batched=False,
+                    in_doubt=in_doubt,
+                )
