@@ -28,7 +28,9 @@ test: $(STAMP) ## run the test suite against a throwaway PostgreSQL
 demo: $(STAMP) ## run workers on a scripted mix of runs (embedded PostgreSQL) and show the history
 	$(BIN)/agent-runs demo
 
-bench: $(STAMP) ## measure the hot path against hand-written SQL (embedded PostgreSQL)
+bench: $(STAMP) ## measure the hot path against hand-written SQL and other queues (embedded PostgreSQL)
+	$(BIN)/python -c 'import pgqueuer, procrastinate' 2>/dev/null \
+		|| $(BIN)/pip install --quiet -e '.[dev,compare]'
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 chaos: $(STAMP) ## fault-injection suite: kill workers, drop connections, restart PostgreSQL

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, LiteralString
+from typing import Any, Final
 
 import psycopg
 
@@ -27,6 +28,14 @@ class UpdateCounters:
     hot: int
     new_page: int | None  # PostgreSQL 16+: non-HOT updates that moved to another page
 
+    def plus(self, other: UpdateCounters) -> UpdateCounters:
+        new_page = (
+            None
+            if self.new_page is None or other.new_page is None
+            else self.new_page + other.new_page
+        )
+        return UpdateCounters(self.updates + other.updates, self.hot + other.hot, new_page)
+
     def minus(self, other: UpdateCounters) -> UpdateCounters:
         new_page = (
             None
@@ -40,24 +49,25 @@ class UpdateCounters:
         return self.hot / self.updates if self.updates else 0.0
 
 
-def update_counters(conn: psycopg.Connection[Any]) -> dict[str, UpdateCounters]:
-    """Current counters of both tables (the snapshot is cleared first, so they are fresh)."""
+def update_counters(
+    conn: psycopg.Connection[Any], tables: Sequence[str] = TABLES
+) -> dict[str, UpdateCounters]:
+    """Current counters of `tables` (names in public, or schema.name), the snapshot cleared
+    first so they are fresh."""
     flush_stats(conn)
     conn.execute("SELECT pg_stat_clear_snapshot()")
-    new_page: LiteralString = (
-        "n_tup_newpage_upd" if conn.info.server_version >= 160000 else "NULL::bigint"
-    )
+    # n_tup_newpage_upd exists from PostgreSQL 16 on: read through to_jsonb, NULL before.
     rows = conn.execute(
-        "SELECT relname, n_tup_upd, n_tup_hot_upd, "  # noqa: S608 - a fixed column name
-        + new_page
-        + " FROM pg_stat_user_tables WHERE relname = ANY (%s)",
-        (list(TABLES),),
+        "SELECT CASE WHEN schemaname = 'public' THEN '' ELSE schemaname || '.' END || relname,"
+        " n_tup_upd, n_tup_hot_upd, (to_jsonb(s) ->> 'n_tup_newpage_upd')::bigint"
+        " FROM pg_stat_user_tables s"
     ).fetchall()
     found = {
         str(name): UpdateCounters(int(upd), int(hot), None if moved is None else int(moved))
         for name, upd, hot, moved in rows
+        if name in tables
     }
-    missing = set(TABLES) - set(found)
+    missing = set(tables) - set(found)
     if missing:
         raise RuntimeError(f"no statistics for {sorted(missing)}")
     return found

@@ -17,7 +17,7 @@ from agent_runs import AgentRunRepository, RunStatus
 from bench import seed
 from bench.pgstats import TABLES, UpdateCounters, update_counters, wal_bytes_since, wal_lsn
 from bench.protocol import traced
-from bench.workload import LEASE_SECONDS, make_client, new_worker_id
+from bench.workload import LEASE_SECONDS, add_pending, make_client, new_worker_id
 
 # -- statements per transition -----------------------------------------------------------------
 
@@ -25,7 +25,7 @@ from bench.workload import LEASE_SECONDS, make_client, new_worker_id
 def statement_counts(url: str, variant: str) -> dict[str, dict[str, Any]]:
     """Messages one steady-state call of each transition sends (after a warm-up lifecycle)."""
     with agent_runs.connect(url) as conn:
-        seed.seed_pending([conn], 2)
+        add_pending(variant, conn, 2)
         client = make_client(variant, conn)
         worker = new_worker_id(variant, 0)
         run_id = client.claim(worker)  # warm-up: statements get prepared

@@ -20,22 +20,29 @@ import agent_runs
 from bench import (
     drain_phase,
     heartbeat_scale_phase,
+    lean_floor,
     operator_phase,
     phases,
     pickup_phase,
     pooler_phase,
     seed,
 )
+from bench.pgstats import UpdateCounters
 from bench.phases import HeartbeatResult
 from bench.report import Target, fmt, median, percentile, table, write_json
 from bench.server import BenchServer, bench_server
+from bench.walstats import WalMeter, WalVolume
 from bench.workload import (
+    RENEWALS_PER_LIFECYCLE,
     THROUGHPUT_VARIANTS,
     TRANSITIONS,
     VARIANTS,
     WARMUP_LIFECYCLES,
     Crew,
     SegmentResult,
+    add_pending,
+    pending_count,
+    tables_of,
 )
 
 ENV_DSN: Final = "AGENT_RUNS_BENCH_DSN"
@@ -63,6 +70,7 @@ class Settings:
     claim_small: tuple[int, int]  # (pending, finished)
     claim_large: tuple[int, int]
     claims_per_rep: int
+    checkpoint_lifecycles: int  # WAL with page images: a CHECKPOINT before each this many
 
 
 FULL: Final = Settings(
@@ -82,6 +90,7 @@ FULL: Final = Settings(
     claim_small=(100, 1_000),
     claim_large=(100_000, 1_000_000),
     claims_per_rep=100,
+    checkpoint_lifecycles=1_000,
 )
 
 QUICK: Final = replace(
@@ -97,6 +106,7 @@ QUICK: Final = replace(
     expired_leases=1_000,
     claim_large=(2_000, 20_000),
     claims_per_rep=20,
+    checkpoint_lifecycles=100,
 )
 
 
@@ -115,9 +125,11 @@ def load_average() -> list[float]:
 
 
 def throughput(
-    url: str, settings: Settings, observer: psycopg.Connection[Any]
-) -> list[SegmentResult]:
-    """Repository, floor (and the diagnostic), one repetition at a time, in alternating slices.
+    url: str, settings: Settings, observer: psycopg.Connection[Any], meter: WalMeter
+) -> tuple[list[SegmentResult], list[SegmentResult]]:
+    """Repository, floor, lean floor (and the diagnostic), one repetition at a time, in
+    alternating slices; each slice's WAL and row updates are measured with it. Returns the
+    slices, then the checkpointed intervals (at TARGET_THREADS) that measure page images.
 
     Each variant has its own crew of warm threads and connections for the whole phase. This
     machine's speed drifts within seconds (disk flush latency, a neighbour's load), so each
@@ -125,24 +137,25 @@ def throughput(
     sees the same conditions, and a ratio compares like with like.
     """
     segments: list[SegmentResult] = []
+    checkpointed: list[SegmentResult] = []
     slice_seconds = settings.seconds / settings.slices
     for threads in settings.threads:
-        seed.seed_pending([observer], threads * WARMUP_LIFECYCLES * len(THROUGHPUT_VARIANTS))
+        for variant in THROUGHPUT_VARIANTS:
+            add_pending(variant, observer, threads * WARMUP_LIFECYCLES)
         crews = {v: Crew(url, v, threads) for v in THROUGHPUT_VARIANTS}
         last_rate: dict[str, float] = {}
+
         try:
             for rep in range(settings.reps):
                 parts: dict[str, list[SegmentResult]] = {v: [] for v in THROUGHPUT_VARIANTS}
                 for turn in range(settings.slices):
                     shift = (rep * settings.slices + turn) % len(THROUGHPUT_VARIANTS)
                     for variant in THROUGHPUT_VARIANTS[shift:] + THROUGHPUT_VARIANTS[:shift]:
-                        guess = last_rate.get(variant, 2_500.0)
-                        need = math.ceil(guess * slice_seconds * 1.5) + threads * 2 + 50
-                        short = need - seed.count_pending(observer)
-                        if short > 0:
-                            seed.seed_pending([observer], short)
-                        part = crews[variant].run(slice_seconds, observer)
-                        last_rate[variant] = max(part.per_second, 1.0)
+                        expected = last_rate.get(variant, 2_500.0) * slice_seconds
+                        _top_up(observer, variant, expected, threads)
+                        part = crews[variant].run(slice_seconds, observer, meter)
+                        # the fastest slice yet: this machine's speed swings within seconds
+                        last_rate[variant] = max(last_rate.get(variant, 1.0), part.per_second)
                         parts[variant].append(part)
                 rates = []
                 for variant in THROUGHPUT_VARIANTS:
@@ -152,10 +165,39 @@ def throughput(
                     rates.append(f"{variant} {result.per_second:7.1f}")
                     segments.append(result)
                 log(f"  rep {rep + 1}/{settings.reps} {threads:>2} threads: {', '.join(rates)} /s")
+            count = settings.checkpoint_lifecycles
+            if threads == TARGET_THREADS and meter.splits_fpi and checkpoint(observer):
+                log(f"  WAL with page images: a CHECKPOINT before every {count:,} lifecycles")
+                for rep in range(settings.reps):
+                    shift = rep % len(WAL_VARIANTS)
+                    for variant in WAL_VARIANTS[shift:] + WAL_VARIANTS[:shift]:
+                        _top_up(observer, variant, count, threads)  # before: its pages age
+                        checkpoint(observer)
+                        part = crews[variant].run(0.0, observer, meter, lifecycles=count)
+                        checkpointed.append(part)
         finally:
             for crew in crews.values():
                 crew.close()
-    return segments
+    return segments, checkpointed
+
+
+def _top_up(observer: psycopg.Connection[Any], variant: str, expected: float, threads: int) -> None:
+    """Enough pending runs for `expected` lifecycles of `variant`, with room to spare."""
+    need = math.ceil(expected * 2) + threads * 2 + 50
+    short = need - pending_count(variant, observer)
+    if short > 0:
+        add_pending(variant, observer, short)
+
+
+def checkpoint(observer: psycopg.Connection[Any]) -> bool:
+    """CHECKPOINT, so that the next change of every page carries its image; False when this
+    role may not (neither superuser nor pg_checkpoint)."""
+    try:
+        observer.execute("CHECKPOINT")
+    except psycopg.errors.InsufficientPrivilege:
+        log("  no CHECKPOINT privilege: WAL with page images left out")
+        return False
+    return True
 
 
 def _rates(segments: Sequence[SegmentResult], variant: str, threads: int) -> list[float]:
@@ -186,6 +228,7 @@ def summarize_throughput(segments: Sequence[SegmentResult], settings: Settings) 
                     for name, values in latencies.items()
                 },
                 "ran_out_of_work": any(s.exhausted for s in chosen),
+                "wal": wal_entry(variant, chosen),
             }
         repo, floor = entry["repository"], entry["floor"]
         entry["ratio"] = repo["lifecycles_per_second"] / floor["lifecycles_per_second"]
@@ -202,6 +245,102 @@ def summarize_throughput(segments: Sequence[SegmentResult], settings: Settings) 
         ]
         by_threads[str(threads)] = entry
     return by_threads
+
+
+# -- WAL per lifecycle ---------------------------------------------------------------------------
+
+# The variants whose WAL is compared: the repository, the same-schema floor, the lean floor.
+WAL_VARIANTS: Final = ("repository", "floor", "lean")
+WAL_TARGET: Final = 1.35
+
+
+def _per(value: float | None, count: int) -> float:
+    return math.nan if value is None or not count else value / count
+
+
+def _ratio(over: float, under: float) -> float:
+    return over / under if under and not math.isnan(under) else math.nan
+
+
+def wal_entry(variant: str, chosen: Sequence[SegmentResult]) -> dict[str, Any]:
+    """WAL bytes per lifecycle (with and without page images) and the HOT share of row updates
+    per table, pooled over the given slices (bytes over lifecycles, not a median of ratios)."""
+    lifecycles = sum(s.lifecycles for s in chosen)
+    wal = WalVolume(0, 0, 0)
+    for s in chosen:
+        wal = wal.plus(s.wal)
+    runs_table, attempts_table = tables_of(variant)
+    counters = {}
+    for role, table_name in (("runs", runs_table), ("attempts", attempts_table)):
+        total = UpdateCounters(0, 0, 0)
+        for s in chosen:
+            total = total.plus(s.tables[table_name])
+        counters[role] = total
+    with_fpi = wal.with_fpi
+    return {
+        "lifecycles": lifecycles,
+        "lsn_bytes_per_lifecycle": _per(wal.lsn_bytes, lifecycles),
+        "with_fpi_per_lifecycle": _per(with_fpi, lifecycles),
+        "without_fpi_per_lifecycle": _per(wal.records, lifecycles),
+        "fpi_share": _per(wal.fpi, with_fpi or 0),
+        "tables": {"runs": runs_table, "attempts": attempts_table},
+        "hot_ratio": {role: c.hot_ratio for role, c in counters.items()},
+        "updates_per_lifecycle": {
+            role: _per(c.updates, lifecycles) for role, c in counters.items()
+        },
+    }
+
+
+def per_lifecycle(counts: dict[str, dict[str, Any]], key: str) -> int:
+    """A protocol count of one lifecycle: claim + renewals + complete."""
+    return int(
+        counts["claim"][key]
+        + RENEWALS_PER_LIFECYCLE * counts["renew"][key]
+        + counts["complete"][key]
+    )
+
+
+def summarize_wal(
+    segments: Sequence[SegmentResult],
+    checkpointed: Sequence[SegmentResult],
+    statements: dict[str, Any],
+    method: str,
+    interval: int,
+) -> dict[str, Any]:
+    """WAL per lifecycle of each variant and the repository's ratios to both floors.
+
+    Without page images: the record bytes of every throughput slice at every thread count.
+    With page images: intervals of `interval` lifecycles at TARGET_THREADS, each right after a
+    CHECKPOINT, so every page a variant touches is imaged once per interval whichever variant
+    ran before, and the images per lifecycle do not depend on how fast the machine was.
+    Statements and round trips per lifecycle beside them.
+    """
+    variants: dict[str, Any] = {}
+    for v in WAL_VARIANTS:
+        entry = wal_entry(v, [s for s in segments if s.variant == v])
+        entry["checkpointed"] = wal_entry(v, [s for s in checkpointed if s.variant == v])
+        entry["statements_per_lifecycle"] = per_lifecycle(statements[v], "statements")
+        entry["round_trips_per_lifecycle"] = per_lifecycle(statements[v], "round_trips")
+        variants[v] = entry
+
+    def ratio(over: str, under: str) -> dict[str, float]:
+        o, u = variants[over], variants[under]
+        oc, uc = o["checkpointed"], u["checkpointed"]
+        return {
+            "without_fpi": _ratio(o["without_fpi_per_lifecycle"], u["without_fpi_per_lifecycle"]),
+            "with_fpi": _ratio(oc["with_fpi_per_lifecycle"], uc["with_fpi_per_lifecycle"]),
+            "as_it_came": _ratio(o["with_fpi_per_lifecycle"], u["with_fpi_per_lifecycle"]),
+            "lsn_bytes": _ratio(o["lsn_bytes_per_lifecycle"], u["lsn_bytes_per_lifecycle"]),
+        }
+
+    return {
+        "method": method,
+        "checkpoint_every_lifecycles": interval,
+        "variants": variants,
+        "repository_over_lean": ratio("repository", "lean"),
+        "repository_over_floor": ratio("repository", "floor"),
+        "floor_over_lean": ratio("floor", "lean"),
+    }
 
 
 # -- the run --------------------------------------------------------------------------------------
@@ -230,7 +369,11 @@ def run(server: BenchServer, settings: Settings) -> dict[str, Any]:
         results["history_seed_seconds"] = time.perf_counter() - started
         log(f"seeded {settings.history:,} finished runs with their attempts")
 
-        results["statements"] = {v: phases.statement_counts(url, v) for v in VARIANTS}
+        lean_floor.install(observer)
+        lean_floor.seed_history(observer, settings.history)
+        log(f"lean floor: schema {lean_floor.SCHEMA}, the same {settings.history:,} finished runs")
+
+        results["statements"] = {v: phases.statement_counts(url, v) for v in WAL_VARIANTS}
         results["statements"]["repository_batches"] = phases.repository_extra_counts(url)
         log("counted protocol messages per transition (libpq trace)")
 
@@ -239,8 +382,20 @@ def run(server: BenchServer, settings: Settings) -> dict[str, Any]:
             f"{settings.slices} alternating slices, at {', '.join(map(str, settings.threads))} "
             "threads"
         )
-        segments = throughput(url, settings, observer)
+        meter = WalMeter(observer)
+        log(f"WAL: {meter.method}")
+        try:
+            segments, checkpointed = throughput(url, settings, observer, meter)
+        finally:
+            meter.close()
         results["throughput"] = summarize_throughput(segments, settings)
+        results["wal"] = summarize_wal(
+            segments,
+            checkpointed,
+            results["statements"],
+            meter.method,
+            settings.checkpoint_lifecycles,
+        )
 
         log(
             f"heartbeats: {settings.heartbeat_threads} threads × {settings.held_per_thread} held "
@@ -335,6 +490,7 @@ def targets(results: dict[str, Any]) -> list[Target]:
             at_least=True,
             unit="x",
         ),
+        *wal_targets(results),
         Target("HOT lease renewals on agent_runs", hot["agent_runs"], 0.90, True, "%"),
         Target(
             "HOT lease renewals on agent_run_attempts", hot["agent_run_attempts"], 0.99, True, "%"
@@ -348,6 +504,90 @@ def targets(results: dict[str, Any]) -> list[Target]:
         ),
         *deployment_targets(results),
     ]
+
+
+def wal_targets(results: dict[str, Any]) -> list[Target]:
+    """WAL per lifecycle against the lean floor, with and without full-page images."""
+    ratios = results["wal"]["repository_over_lean"]
+    every = f"a CHECKPOINT every {results['wal']['checkpoint_every_lifecycles']:,} lifecycles"
+    return [
+        Target(
+            f"WAL per lifecycle, repository ÷ lean floor, {label}",
+            ratios[kind],
+            WAL_TARGET,
+            at_least=False,
+            unit="x",
+        )
+        for kind, label in (
+            ("without_fpi", "without full-page images"),
+            ("with_fpi", f"with full-page images ({every})"),
+        )
+    ]
+
+
+def render_wal(wal: dict[str, Any], throughput: dict[str, Any]) -> list[str]:
+    names = {"repository": "repository", "floor": "floor", "lean": "lean floor"}
+
+    def row(label: str, variant: str, e: dict[str, Any]) -> list[str]:
+        return [
+            label,
+            names[variant],
+            fmt(e["without_fpi_per_lifecycle"]),
+            fmt(e["with_fpi_per_lifecycle"]),
+            fmt(e["fpi_share"], "%"),
+            fmt(e["lsn_bytes_per_lifecycle"]),
+            fmt(e["hot_ratio"]["runs"], "%"),
+            fmt(e["hot_ratio"]["attempts"], "%"),
+        ]
+
+    interval = f"{wal['checkpoint_every_lifecycles']:,} lc"
+    rows = []
+    for threads, entry in throughput.items():
+        rows += [row(threads, v, entry[v]["wal"]) for v in WAL_VARIANTS]
+    rows += [row("all", v, wal["variants"][v]) for v in WAL_VARIANTS]
+    rows += [
+        row(f"{TARGET_THREADS}, CHECKPOINT/{interval}", v, wal["variants"][v]["checkpointed"])
+        for v in WAL_VARIANTS
+    ]
+    out = [
+        "\nWAL per lifecycle, bytes: records, records + full-page images (FPI), pooled over the "
+        "slices; HOT share of row updates per table over the whole lifecycle",
+        table(
+            [
+                "threads",
+                "variant",
+                "records",
+                "with FPI",
+                "FPI share",
+                "LSN diff",
+                "HOT runs",
+                "HOT attempts",
+            ],
+            rows,
+        ),
+        f"  rows 'all': every throughput slice (checkpoints as the server made them); rows "
+        f"'CHECKPOINT/{interval}': each variant in turn right after a CHECKPOINT, every page it "
+        "touches imaged once per interval",
+    ]
+    for key, label in (
+        ("repository_over_lean", "repository ÷ lean floor"),
+        ("repository_over_floor", "repository ÷ floor (same schema)"),
+        ("floor_over_lean", "floor ÷ lean floor (the schema alone)"),
+    ):
+        r = wal[key]
+        out.append(
+            f"  {label}: {r['without_fpi']:.2f} without FPI, {r['with_fpi']:.2f} with FPI "
+            f"(CHECKPOINT/{interval}), {r['as_it_came']:.2f} with FPI as the server's "
+            "checkpoints came"
+        )
+    counts = ", ".join(
+        f"{names[v]} {wal['variants'][v]['statements_per_lifecycle']} statements / "
+        f"{wal['variants'][v]['round_trips_per_lifecycle']} round trips"
+        for v in WAL_VARIANTS
+    )
+    out.append(f"  per lifecycle: {counts}")
+    out.append(f"  method: {wal['method']}")
+    return out
 
 
 def deployment_targets(results: dict[str, Any]) -> list[Target]:
@@ -378,6 +618,22 @@ def deployment_targets(results: dict[str, Any]) -> list[Target]:
         during = operator["claims_during_prune"]["p50_ms"]
         ratio = during / operator["claims_before_prune"]["p50_ms"]
         found.append(Target("claim_next p50 during a prune ÷ before", ratio, 1.5, False, "x"))
+    drain = results.get("drain", {})
+    if "ratios" in drain:
+        nan = math.nan
+        for key, label, threshold in (
+            ("durable_over_pgqueuer", "durable", 0.5),
+            ("async_over_pgqueuer", "async completion", 1.0),
+        ):
+            found.append(
+                Target(
+                    f"drain, agent-runs worker ({label}) ÷ PgQueuer jobs/s",
+                    drain["ratios"].get(key, nan),
+                    threshold,
+                    True,
+                    "x",
+                )
+            )
     beats = results.get("heartbeat_scale", {})
     if "batch_over_single" in beats:
         found.append(
@@ -446,6 +702,8 @@ def render(payload: dict[str, Any]) -> str:
         "  * diagnostic: the floor's own statements, each in its BEGIN … COMMIT over the"
         " repository's transport: what the explicit transaction per transition costs alone"
     )
+    if "wal" in r:
+        out.extend(render_wal(r["wal"], r["throughput"]))
 
     out.append("\nLatency per transition, ms (all repetitions pooled)")
     rows = []
@@ -480,10 +738,11 @@ def render(payload: dict[str, Any]) -> str:
 
     for name in TRANSITIONS:
         rc, fc = st["repository"][name], st["floor"][name]
-        rows.append([labels[name], counts(rc), " + ".join(rc["commands"]), counts(fc)])
+        lc = counts(st["lean"][name]) if "lean" in st else "-"
+        rows.append([labels[name], counts(rc), " + ".join(rc["commands"]), counts(fc), lc])
     for name, c in st["repository_batches"].items():
-        rows.append([name, counts(c), " + ".join(c["commands"]), "-"])
-    out.append(table(["call", "repository", "statements", "floor"], rows))
+        rows.append([name, counts(c), " + ".join(c["commands"]), "-", "-"])
+    out.append(table(["call", "repository", "statements", "floor", "lean floor"], rows))
 
     out.append(
         f"\nLease renewals only ({s['heartbeat_threads']} threads × {s['held_per_thread']} "

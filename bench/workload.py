@@ -1,12 +1,14 @@
 """The lifecycle under test (claim → 3 × renew → complete) and the threaded segment runner.
 
-Two clients implement the same three calls: the real AgentRunRepository, and the floor's
-hand-minimal statements. Each benchmark thread owns one autocommit connection.
+Three clients implement the same three calls: the real AgentRunRepository, the floor's
+hand-minimal statements on the same schema, and the lean floor's on its own lean schema. Each
+benchmark thread owns one autocommit connection.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 import uuid
@@ -17,15 +19,19 @@ import psycopg
 
 import agent_runs
 from agent_runs import AgentRunRepository, RunStatus
+from bench import lean_floor, seed
 from bench.floor import FloorClient, FloorInTransactionClient
-from bench.pgstats import wal_bytes_since, wal_lsn
+from bench.lean_floor import LeanFloorClient
+from bench.pgstats import TABLES, UpdateCounters, flush_stats, update_counters
+from bench.walstats import WalMeter, WalVolume
 
 LEASE_SECONDS: Final = 60.0
 RENEWALS_PER_LIFECYCLE: Final = 3
 TRANSITIONS: Final = ("claim", "renew", "complete")
 VARIANTS: Final = ("repository", "floor")
-# Throughput also runs a diagnostic: the floor's statements in explicit transactions.
-THROUGHPUT_VARIANTS: Final = ("repository", "floor", "floor_tx")
+# Throughput also runs the lean floor (its own schema) and a diagnostic: the floor's statements
+# in explicit transactions.
+THROUGHPUT_VARIANTS: Final = ("repository", "floor", "lean", "floor_tx")
 WARMUP_LIFECYCLES: Final = 5  # per thread of a crew, before anything is measured
 
 
@@ -82,6 +88,23 @@ class FloorLifecycleClient:
         return self.floor.complete(run_id, worker_id)
 
 
+class LeanLifecycleClient:
+    """The lean floor's statements on its own schema (bench.lean_floor)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.floor = LeanFloorClient(conn)
+
+    def claim(self, worker_id: str) -> str | None:
+        return self.floor.claim(worker_id, LEASE_SECONDS)
+
+    def renew(self, run_id: str, worker_id: str) -> bool:
+        return self.floor.renew(run_id, worker_id, LEASE_SECONDS)
+
+    def complete(self, run_id: str, worker_id: str) -> bool:
+        return self.floor.complete(run_id, worker_id)
+
+
 def make_client(variant: str, conn: psycopg.Connection[Any]) -> LifecycleClient:
     if variant == "repository":
         return RepositoryClient(conn)
@@ -89,7 +112,26 @@ def make_client(variant: str, conn: psycopg.Connection[Any]) -> LifecycleClient:
         return FloorLifecycleClient(conn)
     if variant == "floor_tx":
         return FloorLifecycleClient(conn, in_transaction=True)
+    if variant == "lean":
+        return LeanLifecycleClient(conn)
     raise ValueError(f"unknown variant {variant!r}")
+
+
+def tables_of(variant: str) -> tuple[str, str]:
+    """The (runs, attempts) tables a variant writes."""
+    return lean_floor.TABLES if variant == "lean" else TABLES
+
+
+def add_pending(variant: str, conn: psycopg.Connection[Any], count: int) -> None:
+    """`count` more pending runs where `variant` claims them."""
+    if variant == "lean":
+        lean_floor.seed_pending(conn, count)
+    else:
+        seed.seed_pending([conn], count)
+
+
+def pending_count(variant: str, conn: psycopg.Connection[Any]) -> int:
+    return lean_floor.count_pending(conn) if variant == "lean" else seed.count_pending(conn)
 
 
 def new_worker_id(variant: str, thread: int) -> str:
@@ -151,24 +193,31 @@ class SegmentResult:
     threads: int
     lifecycles: int
     seconds: float
-    wal_bytes: int
+    wal: WalVolume
     exhausted: bool
     latencies: Latencies
+    tables: dict[str, UpdateCounters]  # update counters of the variant's two tables
 
     @classmethod
     def combined(cls, parts: list[SegmentResult]) -> SegmentResult:
         """Slices of one variant at one concurrency, measured in turns with the others, as one."""
         latencies = Latencies()
+        wal = WalVolume(0, 0, 0)
+        tables = dict(parts[0].tables)
         for part in parts:
             latencies.extend(part.latencies)
+            wal = wal.plus(part.wal)
+        for part in parts[1:]:
+            tables = {name: c.plus(part.tables[name]) for name, c in tables.items()}
         return cls(
             variant=parts[0].variant,
             threads=parts[0].threads,
             lifecycles=sum(p.lifecycles for p in parts),
             seconds=sum(p.seconds for p in parts),
-            wal_bytes=sum(p.wal_bytes for p in parts),
+            wal=wal,
             exhausted=any(p.exhausted for p in parts),
             latencies=latencies,
+            tables=tables,
         )
 
     @property
@@ -177,7 +226,8 @@ class SegmentResult:
 
     @property
     def wal_per_lifecycle(self) -> float:
-        return self.wal_bytes / self.lifecycles if self.lifecycles else 0.0
+        """LSN difference per lifecycle (page headers and alignment included)."""
+        return self.wal.lsn_bytes / self.lifecycles if self.lifecycles else 0.0
 
 
 class Crew:
@@ -202,6 +252,8 @@ class Crew:
         self._counts = [0] * threads
         self._latencies = [Latencies() for _ in range(threads)]
         self._ended = [0.0] * threads
+        self._quota: int | None = None  # lifecycles per slice, when a slice is counted
+        self._tickets = itertools.count()
         self._workers = [
             threading.Thread(target=self._work, args=(i,), name=f"bench-{variant}-{i}", daemon=True)
             for i in range(threads)
@@ -230,7 +282,7 @@ class Crew:
                     done = 0
                     latencies = Latencies()
                     try:
-                        while self._running.is_set():
+                        while self._running.is_set() and self._ticket():
                             lifecycle(client, new_worker_id(self.variant, index), latencies)
                             done += 1
                     except BacklogExhausted:
@@ -238,22 +290,41 @@ class Crew:
                     self._counts[index] = done
                     self._latencies[index] = latencies
                     self._ended[index] = time.perf_counter()
+                    flush_stats(conn)  # this slice's update counters, for the observer
                     self._end.wait()
         except BaseException as exc:
             self._errors.append(exc)
             for barrier in (self._ready, self._start, self._end):
                 barrier.abort()
 
-    def run(self, seconds: float, observer: psycopg.Connection[Any]) -> SegmentResult:
-        """One slice: every thread runs lifecycles for `seconds`; count and time them."""
+    def _ticket(self) -> bool:
+        return self._quota is None or next(self._tickets) < self._quota
+
+    def run(
+        self,
+        seconds: float,
+        observer: psycopg.Connection[Any],
+        meter: WalMeter,
+        *,
+        lifecycles: int | None = None,
+    ) -> SegmentResult:
+        """One slice: every thread runs lifecycles for `seconds` (or until the crew has run
+        `lifecycles` of them); count and time them, and the WAL and row updates they wrote."""
         self._exhausted.clear()
+        self._quota, self._tickets = lifecycles, itertools.count()
         self._running.set()
-        lsn = wal_lsn(observer)
+        tables = tables_of(self.variant)
+        before = update_counters(observer, tables)
+        lsn = meter.start()
         self._sync(self._start)
         started = time.perf_counter()
-        time.sleep(seconds)
-        self._running.clear()
+        if lifecycles is None:
+            time.sleep(seconds)
+            self._running.clear()
         self._sync(self._end)
+        self._running.clear()
+        wal = meter.measure(lsn)
+        after = update_counters(observer, tables)
         latencies = Latencies()
         for one in self._latencies:
             latencies.extend(one)
@@ -262,9 +333,10 @@ class Crew:
             threads=self.threads,
             lifecycles=sum(self._counts),
             seconds=max(self._ended) - started,
-            wal_bytes=wal_bytes_since(observer, lsn),
+            wal=wal,
             exhausted=self._exhausted.is_set(),
             latencies=latencies,
+            tables={name: after[name].minus(before[name]) for name in tables},
         )
 
     def close(self) -> None:
