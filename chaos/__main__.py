@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tries", type=_count, default=3, help="default 3")
     p.add_argument("--poll-seconds", type=_positive_float, default=0.25, help="default 0.25")
     p.add_argument(
+        "--completion",
+        choices=("durable", "async"),
+        default="durable",
+        help="how workers write a run's end (default durable)",
+    )
+    p.add_argument(
         "--duration", type=_positive_float, default=60.0, help="fault phase seconds (default 60)"
     )
     p.add_argument(
@@ -138,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         heartbeat_seconds=heartbeat,
         max_tries=args.max_tries,
         poll_seconds=args.poll_seconds,
+        completion=args.completion,
         duration=args.duration,
         drain_seconds=args.drain_seconds,
         deadline=args.deadline,

@@ -53,6 +53,7 @@ class WorkerSettings:
     heartbeat_seconds: float
     max_tries: int
     poll_seconds: float
+    completion: str
     reconcile_every: float
 
 
@@ -152,6 +153,8 @@ class Supervisor:
             str(s.max_tries),
             "--poll-seconds",
             str(s.poll_seconds),
+            "--completion",
+            s.completion,
         ]
         return self._spawn(name, "worker", slot, argv)
 

@@ -63,6 +63,7 @@ class Options:
     heartbeat_seconds: float
     max_tries: int
     poll_seconds: float
+    completion: str
     duration: float
     drain_seconds: float
     deadline: float
@@ -166,6 +167,7 @@ class Suite:
                 heartbeat_seconds=options.heartbeat_seconds,
                 max_tries=options.max_tries,
                 poll_seconds=options.poll_seconds,
+                completion=options.completion,
                 reconcile_every=max(0.5, options.lease_seconds / 3),
             ),
             log_dir,

@@ -1,5 +1,7 @@
 """The completer: write an execution's decision while the lease can be proven.
 
+A terminal status is first written together with other threads' in one `finish_runs`
+(group commit); what that does not write goes on one run at a time, as follows.
 Database failures are retried with back-off while the lease holds. A failed call may have
 committed although its reply was lost, so after one the completer first reads whether its own
 attempt already ended as decided. A refusal is final (the lease is no longer ours), except when
@@ -62,36 +64,12 @@ class Completer:
         backoff = Backoff(cap=self._retry_cap)
         # Once the agent stopped the heartbeat the lease cannot be proven; try for one lease.
         give_up_at = time.monotonic() + self._lease_seconds
-        writable = self._unwritable(lease, give_up_at) is None
-        if batched and decision.status is not None and writable:
-            finish = Finish(
-                run.id,
-                lease.worker_id,
-                decision.status,
-                decision.error_type,
-                decision.error_message,
-            )
-            check.finishes([finish])  # a bad item must not fail the other threads' batch
-            try:
-                finished_at = self.finishing.submit(finish)
-            except PoolClosed:
-                log.warning("%s: pool closed before the result was written", tag)
-                return run
-            except DB_ERRORS as exc:
-                in_doubt = True
-                delay = backoff.next_delay()
-                log.warning(
-                    "%s: could not write %s (%s); retrying in %.1fs",
-                    tag,
-                    decision.status,
-                    one_line(exc),
-                    delay,
-                )
-                time.sleep(delay)
-            else:
-                if finished_at is not None:
-                    log.info("%s: %s%s", tag, decision.status, _error(decision))
-                    return ended(run, decision, finished_at)
+        if batched and decision.status is not None and self._unwritable(lease, give_up_at) is None:
+            done, in_doubt = self._in_batch(run, lease, decision, tag)
+            if done is not None:
+                return done
+            if in_doubt:
+                time.sleep(backoff.next_delay())
         while True:
             if in_doubt and (done := self._confirm(run.id, lease, decision)) is not None:
                 log.info("%s: %s (confirmed after a lost reply)", tag, done.status)
@@ -137,6 +115,31 @@ class Completer:
                 current.status if current is not None else "gone",
             )
             return current or run
+
+    def _in_batch(
+        self, run: AgentRun, lease: Lease, decision: Decision, tag: str
+    ) -> tuple[AgentRun | None, bool]:
+        """The first try, in one finish_runs with other threads' ends: (the run as written,
+        False), or (None, whether the failed batch may have committed)."""
+        assert decision.status is not None
+        finish = Finish(
+            run.id, lease.worker_id, decision.status, decision.error_type, decision.error_message
+        )
+        check.finishes([finish])  # a bad item must not fail the other threads' batch
+        try:
+            finished_at = self.finishing.submit(finish)
+        except PoolClosed:
+            log.warning("%s: pool closed before the result was written", tag)
+            return run, False
+        except DB_ERRORS as exc:
+            log.warning(
+                "%s: could not write %s (%s); retrying", tag, decision.status, one_line(exc)
+            )
+            return None, True
+        if finished_at is None:
+            return None, False  # refused: the one-run path finds out why
+        log.info("%s: %s%s", tag, decision.status, _error(decision))
+        return ended(run, decision, finished_at), False
 
     def finish_batch(self, finishes: list[Finish]) -> list[datetime | None]:
         """finish_runs for `finishes`: each one's finished_at, or None where refused."""
