@@ -2,7 +2,7 @@
 -- from: per lease: running | cancel_requested, same worker_id, lease_expires_at > now
 -- to:   as renew_lease; runs are locked in id order, so two batches never deadlock
 -- returns: (id, status) of each run renewed; a refused lease is absent
--- notes: sql/README.md (clock, CASE not IN, lock order)
+-- notes: sql/README.md (clock, CASE not IN, data-modifying CTEs, lock order)
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
@@ -11,12 +11,12 @@ leases AS (
 ),
 locked AS (
     SELECT r.id
-    FROM agent_runs r
-    JOIN leases l ON l.run_id = r.id AND l.worker_id = r.worker_id
+    FROM leases l
+    JOIN agent_runs r ON r.id = l.run_id AND r.worker_id = l.worker_id
     CROSS JOIN clock
-    WHERE r.id = ANY (%(run_ids)s::text[])  -- index lookups, never a walk over live runs
-      AND CASE r.status WHEN 'running' THEN true WHEN 'cancel_requested' THEN true END
+    WHERE CASE r.status WHEN 'running' THEN true WHEN 'cancel_requested' THEN true END
       AND r.lease_expires_at > clock.now
+    -- The sort, not the plan, orders the locks.
     ORDER BY r.id
     FOR UPDATE OF r
 ),
@@ -27,15 +27,19 @@ renewed AS (
         updated_at = clock.now
     FROM locked, clock
     WHERE r.id = locked.id
-    RETURNING r.id, r.status, r.worker_id, r.heartbeat_at, r.lease_expires_at
+    RETURNING r.id, r.status, r.worker_id
 ),
 attempts AS (
+    -- The owners' open attempts in one index scan over the renewed ids (an array built once),
+    -- never a walk over every open attempt. The owner is matched through a hashed IN, kept
+    -- inside a CASE so that it stays one: as a join, the planner may walk the one-open index
+    -- when it looks empty, or repeat the array scan once per run.
     UPDATE agent_run_attempts a
     SET (heartbeat_at, lease_expires_at, updated_at) =
-        (renewed.heartbeat_at, renewed.lease_expires_at, renewed.heartbeat_at)
-    FROM renewed
-    WHERE a.run_id = ANY (%(run_ids)s::text[]) AND a.run_id = renewed.id
-      AND a.finished_at IS NULL AND a.worker_id = renewed.worker_id
-    RETURNING a.id
+        (clock.now, clock.now + make_interval(secs => %(lease_seconds)s::float8), clock.now)
+    FROM clock
+    WHERE a.run_id = ANY (ARRAY(SELECT id FROM renewed))
+      AND a.finished_at IS NULL
+      AND CASE WHEN (a.run_id, a.worker_id) IN (SELECT id, worker_id FROM renewed) THEN true END
 )
 SELECT id, status FROM renewed
