@@ -1,12 +1,14 @@
 """Heartbeats at scale: many live leases renewed through renew_leases, and what one server carries.
 
-Live leases are inserted directly as running runs with their open attempts. Four threads, each
-on its own connection, renew their share back to back (time compressed: a worker renews each
-lease once per heartbeat interval, here every round follows the last at once), first one
-renew_lease per lease, then renew_leases in batches of 100. Server CPU is read per backend: from
-pg_stat_statements when it is loaded (execution + planning time), else from /proc/<pid>/stat of
-the renewing backends (read locally, or through pg_read_file when the server runs elsewhere on
-the same kernel), else wall time per renewal.
+Live leases are inserted directly as running runs with their open attempts. Two crews of four
+threads, each thread on its own connection, renew the same shares of those leases back to back
+(time compressed: a worker renews each lease once per heartbeat interval, here every renewal
+follows the last at once): one crew with one renew_lease per lease, the other with renew_leases
+in batches of 100. The crews take turns in short slices, so that both see the same machine (its
+speed drifts within seconds) and their ratio compares like with like. Server CPU is read per
+backend: from pg_stat_statements when it is loaded (execution + planning time), else from
+/proc/<pid>/stat of the renewing backends (read locally, or through pg_read_file when the server
+runs elsewhere on the same kernel), else wall time per renewal.
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ LEASES_PER_PROCESS: Final = 16  # one worker process with 16 threads, each holdi
 @dataclass(frozen=True)
 class _Sizes:
     leases: int
-    batched_seconds: float
-    single_seconds: float
+    slices: int  # turns per crew
+    batched_seconds: float  # per slice
+    single_seconds: float  # per slice
 
 
-FULL: Final = _Sizes(leases=10_000, batched_seconds=10.0, single_seconds=4.0)
-QUICK: Final = _Sizes(leases=500, batched_seconds=2.0, single_seconds=1.0)
+FULL: Final = _Sizes(leases=10_000, slices=5, batched_seconds=2.0, single_seconds=1.6)
+QUICK: Final = _Sizes(leases=500, slices=2, batched_seconds=0.5, single_seconds=0.4)
+WARMUP_SECONDS: Final = 0.3  # per crew, unmeasured: statements prepared, generic plans chosen
 
 # Running runs under a live lease, each with its open attempt. Parameters: tag, count, lease.
 _LIVE: Final[LiteralString] = """\
@@ -93,17 +97,19 @@ def run_phase(url: str, quick: bool) -> dict[str, Any]:
         observer.execute("VACUUM (ANALYZE) agent_runs, agent_run_attempts")
         statements = _statements_available(observer)
         shares = [leases[i::THREADS] for i in range(THREADS)]
-        single = _window(
-            url, observer, shares, batch=1, seconds=sizes.single_seconds, statements=statements
-        )
-        batched = _window(
-            url,
-            observer,
-            shares,
-            batch=BATCH,
-            seconds=sizes.batched_seconds,
-            statements=statements,
-        )
+        seconds = {1: sizes.single_seconds, BATCH: sizes.batched_seconds}
+        crews: dict[int, _Crew] = {}
+        try:
+            for batch in seconds:
+                crews[batch] = _Crew(url, shares, batch=batch)
+                crews[batch].run(WARMUP_SECONDS)
+            for turn in range(sizes.slices):
+                for batch in (1, BATCH) if turn % 2 == 0 else (BATCH, 1):
+                    crews[batch].measure(seconds[batch], observer, statements)
+        finally:
+            for crew in crews.values():
+                crew.close()
+    single, batched = (crews[batch].result(sizes.leases) for batch in (1, BATCH))
     rate = batched["renewals_per_second"]
     per_process = LEASES_PER_PROCESS / INTERVAL_SECONDS  # renewals/s one worker process needs
     cpu_us = batched["server_cpu_us_per_renewal"]
@@ -111,6 +117,7 @@ def run_phase(url: str, quick: bool) -> dict[str, Any]:
         "leases": sizes.leases,
         "threads": THREADS,
         "batch": BATCH,
+        "slices": sizes.slices,
         "lease_seconds": LEASE_SECONDS,
         "interval_seconds": INTERVAL_SECONDS,
         "leases_per_process": LEASES_PER_PROCESS,
@@ -149,12 +156,13 @@ def render_phase(result: dict[str, Any]) -> list[str]:
     per_core = result["processes_per_server_core"]
     return [
         f"Heartbeats at scale: {result['leases']:,} live leases, {result['threads']} threads "
-        f"renewing back to back (the default pace is once per {result['interval_seconds']:g} s):",
+        f"renewing back to back, single and batched calls in {result['slices']} alternating "
+        f"slices each (the default pace is once per {result['interval_seconds']:g} s):",
         table(
             ["call", "renewals/s", "server µs/renewal", "client µs/renewal", "WAL B/renewal"], rows
         ),
         f"  server column: {method}; batch ÷ single renewals/s "
-        f"{result['batch_over_single']:.1f}x; a full round of every lease took "
+        f"{result['batch_over_single']:.1f}x; a full round of every lease takes "
         f"{b['round_seconds'] * 1000:.0f} ms ({result['headroom']:.1f}x the needed "
         f"{fmt(result['needed_renewals_per_second'])}/s)",
         f"  worker processes one server carries at {result['leases_per_process']} leases each: "
@@ -163,100 +171,116 @@ def render_phase(result: dict[str, Any]) -> list[str]:
     ]
 
 
-# -- one measurement window -------------------------------------------------------------------
+# -- one crew: threads renewing in calls of `batch` leases, measured slice by slice --------------
 
 
-def _window(
-    url: str,
-    observer: psycopg.Connection[Any],
-    shares: Sequence[Sequence[tuple[str, str]]],
-    *,
-    batch: int,
-    seconds: float,
-    statements: bool,
-) -> dict[str, Any]:
-    """Every thread renews its share in calls of `batch` leases for `seconds`; counters around."""
-    ready = threading.Barrier(len(shares) + 1)
-    go = threading.Barrier(len(shares) + 1)
-    done = threading.Barrier(len(shares) + 1)
-    release = threading.Event()
-    pids = [0] * len(shares)
-    renewed = [0] * len(shares)
-    calls = [0] * len(shares)
-    rounds = [0] * len(shares)
-    errors: list[BaseException] = []
+@dataclass
+class _Totals:
+    renewals: int = 0
+    calls: int = 0
+    seconds: float = 0.0
+    server_ms: float = 0.0  # pg_stat_statements time
+    ticks: int = 0  # utime + stime of the backends
+    client_seconds: float = 0.0
+    wal_bytes: int = 0
+    statements: bool = True  # every slice had a pg_stat_statements reading
+    proc: bool = True  # every slice had a /proc reading
 
-    def renewer(index: int) -> None:
-        try:
-            with agent_runs.connect(url) as conn:
-                repo = AgentRunRepository(conn)
-                row = conn.execute("SELECT pg_backend_pid()").fetchone()
-                pids[index] = int(row[0]) if row else 0
-                share = shares[index]
-                chunks = [dict(share[i : i + batch]) for i in range(0, len(share), batch)]
-                _renew(repo, chunks[0], batch)  # prepares the statement
-                ready.wait()
-                go.wait()
-                deadline = time.monotonic() + seconds
+
+class _Crew:
+    """THREADS connections, each renewing its share in calls of `batch` leases; each thread
+    goes on where it stopped at the end of the previous slice."""
+
+    def __init__(self, url: str, shares: Sequence[Sequence[tuple[str, str]]], *, batch: int):
+        self.batch = batch
+        self.conns = [agent_runs.connect(url) for _ in shares]
+        self.repos = [AgentRunRepository(conn) for conn in self.conns]
+        self.pids = [_backend_pid(conn) for conn in self.conns]
+        self.chunks = [
+            [dict(share[i : i + batch]) for i in range(0, len(share), batch)] for share in shares
+        ]
+        self.positions = [0] * len(shares)
+        self.totals = _Totals()
+
+    def run(self, seconds: float) -> tuple[int, int]:
+        """Every thread renews for `seconds`: (renewals, calls)."""
+        renewed = [0] * len(self.conns)
+        calls = [0] * len(self.conns)
+        errors: list[BaseException] = []
+        deadline = time.monotonic() + seconds
+
+        def renewer(index: int) -> None:
+            try:
+                chunks, repo = self.chunks[index], self.repos[index]
+                position = self.positions[index]
                 while time.monotonic() < deadline:
-                    for chunk in chunks:
-                        renewed[index] += _renew(repo, chunk, batch)
-                        calls[index] += 1
-                    rounds[index] += 1
-                done.wait()
-                release.wait()  # the backend stays up until its CPU is read
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
-            for barrier in (ready, go, done):
-                barrier.abort()
+                    renewed[index] += _renew(repo, chunks[position], self.batch)
+                    calls[index] += 1
+                    position = (position + 1) % len(chunks)
+                self.positions[index] = position
+            except BaseException as exc:  # reported by the calling thread
+                errors.append(exc)
 
-    threads = [threading.Thread(target=renewer, args=(i,)) for i in range(len(shares))]
-    for thread in threads:
-        thread.start()
-    try:
-        ready.wait()
-        cpu_before = _backend_ticks(observer, pids)
+        threads = [threading.Thread(target=renewer, args=(i,)) for i in range(len(self.conns))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise RuntimeError(f"a renewing thread failed: {errors[0]!r}") from errors[0]
+        return sum(renewed), sum(calls)
+
+    def measure(self, seconds: float, observer: psycopg.Connection[Any], statements: bool) -> None:
+        """One slice of `seconds`, with the counters read around it."""
+        totals = self.totals
+        ticks_before = _backend_ticks(observer, self.pids)
         time_before = _statement_time(observer) if statements else None
         lsn = wal_lsn(observer)
         client_before = _client_cpu()
-        go.wait()
         started = time.perf_counter()
-        done.wait()
-        elapsed = time.perf_counter() - started
-        client = _client_cpu() - client_before
-        wal = wal_bytes_since(observer, lsn)
+        renewals, calls = self.run(seconds)
+        totals.seconds += time.perf_counter() - started
+        totals.client_seconds += _client_cpu() - client_before
+        totals.wal_bytes += wal_bytes_since(observer, lsn)
         time_after = _statement_time(observer) if statements else None
-        cpu_after = _backend_ticks(observer, pids)
-    except threading.BrokenBarrierError:
-        if not errors:
-            raise
-    finally:
-        release.set()
-        for thread in threads:
-            thread.join()
-    if errors:
-        raise RuntimeError(f"a renewing thread failed: {errors[0]!r}") from errors[0]
-    total = sum(renewed)
-    if time_before is not None and time_after is not None:
-        method, server_us = "pg_stat_statements", (time_after - time_before) * 1000 / total
-    elif cpu_before is not None and cpu_after is not None:
-        ticks = cpu_after - cpu_before
-        method, server_us = "proc", ticks / os.sysconf("SC_CLK_TCK") * 1e6 / total
-    else:
-        method, server_us = "wall", elapsed * len(shares) * 1e6 / total
-    return {
-        "batch": batch,
-        "renewals": total,
-        "calls": sum(calls),
-        "rounds": min(rounds),
-        "seconds": elapsed,
-        "renewals_per_second": total / elapsed,
-        "round_seconds": elapsed / max(1, min(rounds)),
-        "cpu_method": method,
-        "server_cpu_us_per_renewal": server_us,
-        "client_cpu_us_per_renewal": client * 1e6 / total,
-        "wal_bytes_per_renewal": wal / total,
-    }
+        ticks_after = _backend_ticks(observer, self.pids)
+        totals.renewals += renewals
+        totals.calls += calls
+        if time_before is not None and time_after is not None:
+            totals.server_ms += time_after - time_before
+        else:
+            totals.statements = False
+        if ticks_before is not None and ticks_after is not None:
+            totals.ticks += ticks_after - ticks_before
+        else:
+            totals.proc = False
+
+    def result(self, leases: int) -> dict[str, Any]:
+        t = self.totals
+        if t.statements:
+            method, server_us = "pg_stat_statements", t.server_ms * 1000 / t.renewals
+        elif t.proc:
+            method, server_us = "proc", t.ticks / os.sysconf("SC_CLK_TCK") * 1e6 / t.renewals
+        else:
+            method, server_us = "wall", t.seconds * len(self.conns) * 1e6 / t.renewals
+        rate = t.renewals / t.seconds
+        return {
+            "batch": self.batch,
+            "renewals": t.renewals,
+            "calls": t.calls,
+            "rounds": t.renewals / leases,
+            "seconds": t.seconds,
+            "renewals_per_second": rate,
+            "round_seconds": leases / rate,  # one renewal of every lease at this rate
+            "cpu_method": method,
+            "server_cpu_us_per_renewal": server_us,
+            "client_cpu_us_per_renewal": t.client_seconds * 1e6 / t.renewals,
+            "wal_bytes_per_renewal": t.wal_bytes / t.renewals,
+        }
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
 
 
 def _renew(repo: AgentRunRepository, chunk: dict[str, str], batch: int) -> int:
@@ -269,6 +293,11 @@ def _renew(repo: AgentRunRepository, chunk: dict[str, str], batch: int) -> int:
     if len(renewed) != len(chunk):
         raise AssertionError("a live lease was not renewed")
     return len(renewed)
+
+
+def _backend_pid(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    return int(row[0]) if row else 0
 
 
 # -- CPU readings ---------------------------------------------------------------------------
