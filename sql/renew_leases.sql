@@ -7,7 +7,11 @@ WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
 leases AS (
-    SELECT * FROM unnest(%(run_ids)s::text[], %(worker_ids)s::text[]) AS l (run_id, worker_id)
+    -- Arrays behind sub-selects: the plan does not depend on their length, so the prepared
+    -- statement keeps one generic plan instead of planning every call.
+    SELECT *
+    FROM unnest((SELECT %(run_ids)s::text[]), (SELECT %(worker_ids)s::text[]))
+         AS l (run_id, worker_id)
 ),
 locked AS (
     SELECT r.id

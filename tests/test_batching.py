@@ -256,19 +256,32 @@ def test_batched_statements_keep_one_generic_plan(
 ) -> None:
     """A batch's length must not make each call plan anew (a custom plan per call costs more
     than the statement): after PostgreSQL's five trial plans, the generic plan is used."""
+    conn.execute(
+        "INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid, status, finished_at)"
+        " SELECT 'old-' || g, 'old-' || g, 'old-' || g, 'agent', 'u', 'failed', now()"
+        " FROM generate_series(1, 5000) AS g"
+    )
+    conn.execute("ANALYZE agent_runs, agent_run_attempts")
     for n in range(12):
         for _ in range(3):
             new_run(repo)
         owners = [f"w{n}:{k}" for k in range(1 + n % 3)]
         claimed = repo.claim_next_attempts(worker_ids=owners, lease_seconds=30)
+        repo.renew_leases({c.run.id: c.run.worker_id or "" for c in claimed}, lease_seconds=30)
         repo.finish_runs([Finish(c.run.id, c.run.worker_id or "", "completed") for c in claimed])
     rows = conn.execute("SELECT name, generic_plans FROM pg_prepared_statements").fetchall()
     plans = {
         name: generic
         for name, generic in rows
-        if name.startswith(("agent_runs_claim_next_attempts_", "agent_runs_finish_runs_"))
+        if name.startswith(
+            (
+                "agent_runs_claim_next_attempts_",
+                "agent_runs_finish_runs_",
+                "agent_runs_renew_leases_",
+            )
+        )
     }
-    assert len(plans) == 2 and all(generic >= 5 for generic in plans.values()), plans
+    assert len(plans) == 3 and all(generic >= 5 for generic in plans.values()), plans
 
 
 # --- bad input -----------------------------------------------------------------------------------
