@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
 import psycopg
+from psycopg import sql
 
 import agent_runs
 from bench import (
@@ -27,7 +29,7 @@ from bench import (
     pooler_phase,
     seed,
 )
-from bench.pgstats import UpdateCounters
+from bench.pgstats import TABLES, UpdateCounters
 from bench.phases import HeartbeatResult
 from bench.report import Target, fmt, median, percentile, table, write_json
 from bench.server import BenchServer, bench_server
@@ -168,13 +170,16 @@ def throughput(
             count = settings.checkpoint_lifecycles
             if threads == TARGET_THREADS and meter.splits_fpi and checkpoint(observer):
                 log(f"  WAL with page images: a CHECKPOINT before every {count:,} lifecycles")
-                for rep in range(settings.reps):
-                    shift = rep % len(WAL_VARIANTS)
-                    for variant in WAL_VARIANTS[shift:] + WAL_VARIANTS[:shift]:
-                        _top_up(observer, variant, count, threads)  # before: its pages age
-                        checkpoint(observer)
-                        part = crews[variant].run(0.0, observer, meter, lifecycles=count)
-                        checkpointed.append(part)
+                with autovacuum_off(observer):
+                    for rep in range(settings.reps):
+                        shift = rep % len(WAL_VARIANTS)
+                        for variant in WAL_VARIANTS[shift:] + WAL_VARIANTS[:shift]:
+                            _top_up(observer, variant, count, threads)
+                            for name in tables_of(variant):
+                                observer.execute(sql.SQL("VACUUM {}").format(_table(name)))
+                            checkpoint(observer)
+                            part = crews[variant].run(0.0, observer, meter, lifecycles=count)
+                            checkpointed.append(part)
         finally:
             for crew in crews.values():
                 crew.close()
@@ -187,6 +192,29 @@ def _top_up(observer: psycopg.Connection[Any], variant: str, expected: float, th
     short = need - pending_count(variant, observer)
     if short > 0:
         add_pending(variant, observer, short)
+
+
+def _table(name: str) -> sql.Composable:
+    return sql.Identifier(*name.split("."))
+
+
+@contextlib.contextmanager
+def autovacuum_off(observer: psycopg.Connection[Any]) -> Iterator[None]:
+    """No autovacuum on the measured tables for the block: one landing in a short interval
+    would put its page images on whichever variant ran then. Each interval starts from a
+    VACUUM of its own tables instead, outside the measurement."""
+    tables = [_table(name) for name in TABLES + lean_floor.TABLES]
+    for table_name in tables:
+        observer.execute(
+            sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false)").format(table_name)
+        )
+    try:
+        yield
+    finally:
+        for table_name in tables:
+            observer.execute(
+                sql.SQL("ALTER TABLE {} RESET (autovacuum_enabled)").format(table_name)
+            )
 
 
 def checkpoint(observer: psycopg.Connection[Any]) -> bool:
@@ -311,8 +339,9 @@ def summarize_wal(
 
     Without page images: the record bytes of every throughput slice at every thread count.
     With page images: intervals of `interval` lifecycles at TARGET_THREADS, each right after a
-    CHECKPOINT, so every page a variant touches is imaged once per interval whichever variant
-    ran before, and the images per lifecycle do not depend on how fast the machine was.
+    VACUUM of the variant's tables and a CHECKPOINT (autovacuum off meanwhile), so every page a
+    variant touches is imaged once per interval whichever variant ran before, and the images
+    per lifecycle do not depend on how fast the machine was.
     Statements and round trips per lifecycle beside them.
     """
     variants: dict[str, Any] = {}
@@ -566,8 +595,8 @@ def render_wal(wal: dict[str, Any], throughput: dict[str, Any]) -> list[str]:
             rows,
         ),
         f"  rows 'all': every throughput slice (checkpoints as the server made them); rows "
-        f"'CHECKPOINT/{interval}': each variant in turn right after a CHECKPOINT, every page it "
-        "touches imaged once per interval",
+        f"'CHECKPOINT/{interval}': each variant in turn right after a VACUUM of its tables and a "
+        "CHECKPOINT (autovacuum off meanwhile), every page it touches imaged once per interval",
     ]
     for key, label in (
         ("repository_over_lean", "repository ÷ lean floor"),
