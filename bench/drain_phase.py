@@ -161,11 +161,24 @@ def _summary(
         }
         for q in queues
     }
-    ours = measured["agent_runs_durable" if modes[0] else "agent_runs"]
-    pgqueuer = measured.get("pgqueuer", {}).get("runs_per_second", float("nan"))
-    ratios = {"durable_over_pgqueuer": ours["runs_per_second"] / pgqueuer}
-    if "agent_runs_async" in measured:
-        ratios["async_over_pgqueuer"] = measured["agent_runs_async"]["runs_per_second"] / pgqueuer
+    ours_key = "agent_runs_durable" if modes[0] else "agent_runs"
+    ours = measured[ours_key]
+    nan = float("nan")
+    pgqueuer = measured.get("pgqueuer", {"runs_per_second": nan, "repetitions": []})
+    ratios: dict[str, float] = {}
+    per_repetition: dict[str, list[float]] = {}
+    for key, name in (
+        ("durable_over_pgqueuer", ours_key),
+        ("async_over_pgqueuer", "agent_runs_async"),
+    ):
+        if name in measured:
+            ratios[key] = measured[name]["runs_per_second"] / pgqueuer["runs_per_second"]
+            per_repetition[key] = [  # within a repetition the queues ran back to back
+                a["runs_per_second"] / b["runs_per_second"]
+                for a, b in zip(
+                    measured[name]["repetitions"], pgqueuer["repetitions"], strict=False
+                )
+            ]
     return {
         "runs": sizes.runs,
         "concurrency": CONCURRENCY,
@@ -174,6 +187,7 @@ def _summary(
         "queues": measured,
         "skipped": skipped,
         "ratios": ratios,
+        "ratios_per_repetition": per_repetition,
         # the durable worker's, as reported before the other queues were measured
         "runs_per_second": ours["runs_per_second"],
         "polled_runs_per_second": ours["polled_runs_per_second"],
@@ -209,7 +223,9 @@ def render_phase(result: dict[str, Any]) -> list[str]:
         ("async_over_pgqueuer", "agent-runs (async) ÷ PgQueuer"),
     ):
         if key in ratios:
-            lines.append(f"  {label}: {fmt(ratios[key], 'x')}")
+            each = result.get("ratios_per_repetition", {}).get(key, [])
+            by_rep = f" (by repetition: {', '.join(fmt(r, 'x') for r in each)})" if each else ""
+            lines.append(f"  {label}: {fmt(ratios[key], 'x')}{by_rep}")
     return lines
 
 
