@@ -617,10 +617,12 @@ def test_the_schema_refuses_json_the_module_could_not_read_back(
     observer: Conn, runs: Runs, column: str, document: str, problem: str
 ) -> None:
     before = counts(observer)
-    update = sql.SQL(
-        "UPDATE agent_runs SET {} = %s::jsonb, manifest_fingerprint = 'x',"
-        " manifest_recorded_at = now() WHERE id = %s"
-    ).format(sql.Identifier(column))
+    # A manifest comes with its fingerprint and time (a CHECK, which PostgreSQL tests before
+    # the AFTER UPDATE guard of 0006: the update breaks only the JSON rule).
+    manifest_columns = ", manifest_fingerprint = 'x', manifest_recorded_at = now()"
+    update = sql.SQL("UPDATE agent_runs SET {} = %s::jsonb{} WHERE id = %s").format(
+        sql.Identifier(column), sql.SQL(manifest_columns if column == "manifest" else "")
+    )
     with pytest.raises(psycopg.errors.CheckViolation, match=f"{column} .*{problem}"):
         observer.execute(update, (document, runs.running))
     insert = sql.SQL(

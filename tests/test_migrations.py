@@ -23,6 +23,7 @@ ALL = [
     "0003_timestamp_bounds",
     "0004_operator_indexes",
     "0005_attempt_update_guard",
+    "0006_json_guard_after_update",
 ]
 AFTER_0001 = ALL[1:]
 AFTER_0002 = ALL[2:]
@@ -255,7 +256,7 @@ def test_a_key_value_dsn_becomes_a_url_that_migrations_accept(blank_dsn: str) ->
 
 
 def _bounds_objects(url: str) -> list[str]:
-    """What 0003 creates: its CHECKs, its trigger and its functions."""
+    """What 0003 creates (its CHECKs, its trigger and its functions), and 0006's trigger."""
     return [
         item for item in schema(url) if "timestamps_in_range" in item or "agent_runs_json_" in item
     ]
@@ -281,7 +282,8 @@ def test_0003_refuses_a_row_out_of_bounds_leaves_nothing_and_applies_once_it_is_
 ) -> None:
     apply_migrations(blank_dsn)
     applied = _bounds_objects(blank_dsn)
-    assert len(applied) == 5 and not any("NOT VALID" in item for item in applied)
+    # 0003's two CHECKs, two functions and insert guard; 0006's update guard (same function).
+    assert len(applied) == 6 and not any("NOT VALID" in item for item in applied)
     _roll_back_0003(blank_dsn)
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
         conn.execute(

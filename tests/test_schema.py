@@ -565,6 +565,23 @@ def test_the_update_guard_fires_after_and_only_for_forbidden_changes(observer: C
     assert len(deletes) == 1 and "BEFORE DELETE" in deletes[0], definitions
 
 
+def test_no_update_of_either_table_fires_a_before_update_row_trigger(observer: Conn) -> None:
+    """PostgreSQL locks a row (a WAL record) before any BEFORE UPDATE row trigger, whatever its
+    column list: every guard that sees updates is AFTER UPDATE … WHEN."""
+    rows = observer.execute(
+        "SELECT tgrelid::regclass::text, pg_get_triggerdef(oid) FROM pg_trigger"
+        " WHERE tgrelid IN ('agent_runs'::regclass, 'agent_run_attempts'::regclass)"
+        " AND NOT tgisinternal"
+    ).fetchall()
+    definitions = [definition for _, definition in rows]
+    assert {table for table, _ in rows} == {"agent_runs", "agent_run_attempts"}, definitions
+    for definition in definitions:
+        if "UPDATE" in definition:
+            assert "AFTER UPDATE" in definition and "WHEN" in definition, definition
+        else:
+            assert "BEFORE INSERT" in definition or "BEFORE DELETE" in definition, definition
+
+
 def test_a_statement_updating_one_finished_and_one_open_attempt_changes_neither(
     observer: Conn, make_run: RunFactory, make_attempt: AttemptFactory
 ) -> None:
