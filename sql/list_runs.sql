@@ -19,7 +19,7 @@ WITH page AS (
                   - make_interval(secs => %(since_seconds)s::float8),
               '-infinity')
       -- Probed per run while walking runs newest first (OFFSET 0 keeps it a per-row probe of
-      -- ix_agent_run_attempts_identity instead of a join that sorts every run of the worker).
+      -- the run's few attempts by run_id instead of a join that reads every attempt).
       AND (%(worker)s::text IS NULL OR EXISTS (
               SELECT FROM agent_run_attempts a
               WHERE a.run_id = r.id

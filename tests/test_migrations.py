@@ -24,6 +24,7 @@ ALL = [
     "0004_operator_indexes",
     "0005_attempt_update_guard",
     "0006_json_guard_after_update",
+    "0007_drop_attempt_identity_index",
 ]
 AFTER_0001 = ALL[1:]
 AFTER_0002 = ALL[2:]
