@@ -4,7 +4,10 @@
 --       live lease not reconciled yet, or pending longer than stuck_after_seconds)
 -- to:   nothing (read only)
 -- returns: at most limit runs, each with its attempt count and its last attempt's owner token
-WITH page AS (
+-- notes: two halves with the same filters, merged: settled runs (pending or finished) through
+--        the listing indexes, which leave live runs out, and live runs (few, one per lease)
+--        through ix_agent_runs_live (NOT MATERIALIZED: each half reads its own index, in order)
+WITH matching AS NOT MATERIALIZED (
     SELECT r.*
     FROM agent_runs r
     WHERE (r.created_at, r.id) < (coalesce(%(before_created_at)s::timestamptz, 'infinity'),
@@ -33,7 +36,18 @@ WITH page AS (
            OR (r.status = 'pending'
                AND r.created_at <= coalesce(%(now)s::timestamptz, now())
                    - make_interval(secs => %(stuck_after_seconds)s::float8)))
-    ORDER BY r.created_at DESC, r.id DESC
+),
+page AS (
+    (SELECT * FROM matching m
+     WHERE m.status NOT IN ('running', 'cancel_requested')
+     ORDER BY m.created_at DESC, m.id DESC
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT * FROM matching m
+     WHERE m.status IN ('running', 'cancel_requested')
+     ORDER BY m.created_at DESC, m.id DESC
+     LIMIT %(limit)s)
+    ORDER BY created_at DESC, id DESC
     LIMIT %(limit)s
 )
 SELECT page.*,

@@ -25,6 +25,7 @@ ALL = [
     "0005_attempt_update_guard",
     "0006_json_guard_after_update",
     "0007_drop_attempt_identity_index",
+    "0008_operator_indexes_skip_live",
 ]
 AFTER_0001 = ALL[1:]
 AFTER_0002 = ALL[2:]
