@@ -372,7 +372,7 @@ class Worker:
         if ctx.stop_reason() == "shutdown":  # stopped between the claim and the start
             log.info("%s: shutting down before the agent started; releasing", tag)
             return self.completer.finish(run, lease, RELEASE, tag)
-        log.info("%s: started (agent slug %s)", tag, run.agent_slug)
+        log.debug("%s: started (agent slug %s)", tag, run.agent_slug)
         ending = _call(self.agent, run, ctx)
         if ending.stops_worker:
             self.exit_code = 1
