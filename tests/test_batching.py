@@ -384,3 +384,44 @@ def test_group_commit_gives_every_thread_of_a_failed_batch_its_exception() -> No
     for t in threads:
         t.join(5)
     assert len(failures) == 4
+
+
+def test_an_interrupt_of_the_writer_stays_its_own_and_leaves_the_others_in_doubt() -> None:
+    """A KeyboardInterrupt in the thread writing a batch is raised there only; the threads whose
+    items were in the batch learn that its outcome is unknown (a database error: in doubt)."""
+    entered = threading.Event()
+    release = threading.Event()
+    batches: list[list[str]] = []
+
+    def write(items: list[str]) -> list[str]:
+        batches.append(items)
+        entered.set()
+        assert release.wait(5)
+        raise KeyboardInterrupt
+
+    group: GroupCommit[str, str] = GroupCommit(write, max_batch=10)
+    seen: dict[str, BaseException] = {}
+
+    def submit(item: str) -> None:
+        try:
+            group.submit(item)
+        except BaseException as exc:  # what each thread gets is the point
+            seen[item] = exc
+
+    threads = {item: threading.Thread(target=submit, args=(item,)) for item in "abc"}
+    threads["a"].start()
+    assert entered.wait(5)  # a writes its own batch; b and c wait for the next one
+    threads["b"].start()
+    wait_until(lambda: group.waiting == 1, timeout=5)
+    threads["c"].start()
+    wait_until(lambda: group.waiting == 2, timeout=5)
+    release.set()
+    for t in threads.values():
+        t.join(5)
+    assert batches == [["a"], ["b", "c"]]
+    assert isinstance(seen["a"], KeyboardInterrupt)
+    # Whichever of b and c woke first wrote the second batch and was interrupted itself.
+    kinds = sorted(type(seen[item]).__name__ for item in "bc")
+    assert kinds == ["KeyboardInterrupt", "OperationalError"], seen
+    in_doubt = next(seen[item] for item in "bc" if not isinstance(seen[item], KeyboardInterrupt))
+    assert "outcome unknown" in str(in_doubt)

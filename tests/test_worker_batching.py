@@ -337,3 +337,25 @@ def _status(observer: Conn, run_id: str) -> str:
 def test_completion_must_be_durable_or_async(pool: ConnectionPool) -> None:
     with pytest.raises(InvalidArgument, match="completion"):
         Worker(pool, lambda r, c: AgentResult.completed(), completion="fast")
+
+
+def test_an_end_handed_over_after_close_is_written_by_its_own_thread(
+    pool: ConnectionPool, repo: AgentRunRepository, observer: Conn
+) -> None:
+    """A thread still executing when the worker closes writes its end itself (durably): the
+    flusher, gone, takes nothing more."""
+    run = new_run(repo)
+    worker = Worker(
+        pool, lambda r, c: AgentResult.completed(), lease_seconds=30, completion="async"
+    )
+    flusher = worker.flusher
+    assert flusher is not None
+    flusher.close()  # as close() would, while this thread is still executing
+    try:
+        ended = worker.run_once()
+    finally:
+        worker.close()
+    assert ended is not None and ended.status == RunStatus.COMPLETED
+    assert ended.finished_at is not None  # written, not handed over
+    assert flusher.items == 0
+    _one_completed_attempt_each(observer, [run.id])

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
+import psycopg
+
 I = TypeVar("I")  # noqa: E741 - the item type
 O = TypeVar("O")  # noqa: E741 - the answer type
 
@@ -59,12 +61,12 @@ class GroupCommit(Generic[I, O]):
                 batch = self._waiting[: self._max_batch]
                 del self._waiting[: self._max_batch]
                 self._writing = True
-            self._write_batch(batch)
+            self._write_batch(batch, slot)
         if slot.error is not None:
             raise slot.error
         return slot.answer  # type: ignore[return-value]  # set with done, unless error is
 
-    def _write_batch(self, batch: list[_Slot[I, O]]) -> None:
+    def _write_batch(self, batch: list[_Slot[I, O]], mine: _Slot[I, O]) -> None:
         try:
             answers = self._write([slot.item for slot in batch])
             if len(answers) != len(batch):
@@ -72,8 +74,17 @@ class GroupCommit(Generic[I, O]):
             for slot, answer in zip(batch, answers, strict=True):
                 slot.answer = answer
         except BaseException as exc:  # every waiting thread learns what happened to its item
+            # An interrupt (KeyboardInterrupt, SystemExit) is the writer's own: the others only
+            # learn that their batch's outcome is unknown, and take their in-doubt paths.
+            shared = (
+                exc
+                if isinstance(exc, Exception)
+                else psycopg.OperationalError("the batch's writer was interrupted: outcome unknown")
+            )
             for slot in batch:
-                slot.error = exc
+                slot.error = exc if slot is mine else shared
+            if shared is not exc and mine not in batch:
+                raise  # the writer's interrupt, though its own item waits for a later batch
         finally:
             with self._changed:
                 for slot in batch:

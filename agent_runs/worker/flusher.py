@@ -54,15 +54,19 @@ class Flusher:
         self.batches = 0
         self.items = 0
 
-    def hand(self, run: AgentRun, lease: Lease, decision: Decision, tag: str) -> None:
-        """Queue `decision` for `run` (a terminal status); waits while max_batch are queued."""
-        lease.finishing = True
-        lease.written_later = True
+    def hand(self, run: AgentRun, lease: Lease, decision: Decision, tag: str) -> bool:
+        """Queue `decision` for `run` (a terminal status); waits while max_batch are queued.
+        False once closing: the caller writes the end itself."""
         with self._changed:
             while len(self._queue) >= self._max_batch and not self._closing:
                 self._changed.wait()
+            if self._closing:
+                return False
+            lease.finishing = True
+            lease.written_later = True
             self._queue.append(_Handed(run, lease, decision, tag))
             self._changed.notify_all()
+            return True
 
     @property
     def pending(self) -> int:

@@ -318,6 +318,8 @@ class Worker:
 
     def _claim_batch(self, tokens: list[str]) -> list[ClaimedRun | None]:
         """One claim statement for every claimer thread waiting now: a run each, oldest first."""
+        if self.stopping:  # a stop request arrived while these claimers waited: claim nothing
+            return [None] * len(tokens)
         with ExitStack() as checkout:
             try:
                 repo = checkout.enter_context(self.repository())
@@ -403,9 +405,14 @@ class Worker:
         """Write the end now, or (async completion) hand it to the flusher and return the run
         as it will be written, finished_at not yet known."""
         flusher = self.flusher
-        if flusher is None or decision.releases or not lease.provable() or lease.heartbeat_stopped:
+        if (
+            flusher is None
+            or decision.releases
+            or not lease.provable()
+            or lease.heartbeat_stopped
+            or not flusher.hand(run, lease, decision, tag)
+        ):
             return self.completer.finish(run, lease, decision, tag)
-        flusher.hand(run, lease, decision, tag)
         log.debug("%s: %s, handed to the flusher", tag, decision.status)
         return ended(run, decision, None)
 
