@@ -18,7 +18,7 @@ from typing import Any, Final, Protocol
 import psycopg
 
 import agent_runs
-from agent_runs import AgentRunRepository, RunStatus
+from agent_runs import AgentRunRepository, Finish, RunStatus
 from bench import lean_floor, seed
 from bench.floor import FloorClient, FloorInTransactionClient
 from bench.lean_floor import LeanFloorClient
@@ -29,9 +29,9 @@ LEASE_SECONDS: Final = 60.0
 RENEWALS_PER_LIFECYCLE: Final = 3
 TRANSITIONS: Final = ("claim", "renew", "complete")
 VARIANTS: Final = ("repository", "floor")
-# Throughput also runs the lean floor (its own schema) and a diagnostic: the floor's statements
-# in explicit transactions.
-THROUGHPUT_VARIANTS: Final = ("repository", "floor", "lean", "floor_tx")
+# Throughput also runs the lean floor (its own schema), a diagnostic (the floor's statements in
+# explicit transactions) and the repository's lean calls, the ones its worker makes.
+THROUGHPUT_VARIANTS: Final = ("repository", "floor", "lean", "floor_tx", "repository_lean")
 WARMUP_LIFECYCLES: Final = 5  # per thread of a crew, before anything is measured
 
 
@@ -66,6 +66,19 @@ class RepositoryClient:
             run_id, status=RunStatus.COMPLETED, worker_id=worker_id
         )
         return result.changed
+
+
+class RepositoryLeanClient(RepositoryClient):
+    """The repository's lean calls, as its worker makes them: claim_next_attempt (the run and
+    its attempt_no), renew_lease, finish_runs of one run (answers finished_at only)."""
+
+    def claim(self, worker_id: str) -> str | None:
+        claimed = self.repo.claim_next_attempt(worker_id=worker_id, lease_seconds=LEASE_SECONDS)
+        return None if claimed is None else claimed.run.id
+
+    def complete(self, run_id: str, worker_id: str) -> bool:
+        finished = self.repo.finish_runs([Finish(run_id, worker_id, RunStatus.COMPLETED)])
+        return run_id in finished
 
 
 class FloorLifecycleClient:
@@ -108,6 +121,8 @@ class LeanLifecycleClient:
 def make_client(variant: str, conn: psycopg.Connection[Any]) -> LifecycleClient:
     if variant == "repository":
         return RepositoryClient(conn)
+    if variant == "repository_lean":
+        return RepositoryLeanClient(conn)
     if variant == "floor":
         return FloorLifecycleClient(conn)
     if variant == "floor_tx":
