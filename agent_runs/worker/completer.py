@@ -121,11 +121,7 @@ class Completer:
     ) -> tuple[AgentRun | None, bool]:
         """The first try, in one finish_runs with other threads' ends: (the run as written,
         False), or (None, whether the failed batch may have committed)."""
-        assert decision.status is not None
-        finish = Finish(
-            run.id, lease.worker_id, decision.status, decision.error_type, decision.error_message
-        )
-        check.finishes([finish])  # a bad item must not fail the other threads' batch
+        finish = finish_of(run, lease, decision)
         try:
             finished_at = self.finishing.submit(finish)
         except PoolClosed:
@@ -139,7 +135,7 @@ class Completer:
         if finished_at is None:
             return None, False  # refused: the one-run path finds out why
         log.info("%s: %s%s", tag, decision.status, _error(decision))
-        return ended(run, decision, finished_at), False
+        return run_as_written(run, decision, finished_at), False
 
     def finish_batch(self, finishes: list[Finish]) -> list[datetime | None]:
         """finish_runs for `finishes`: each one's finished_at, or None where refused."""
@@ -209,7 +205,18 @@ class Completer:
             return run
 
 
-def ended(run: AgentRun, decision: Decision, finished_at: datetime | None) -> AgentRun:
+def finish_of(run: AgentRun, lease: Lease, decision: Decision) -> Finish:
+    """The finish_runs item of a terminal decision, validated alone: a bad item must not fail
+    the other threads' batch."""
+    assert decision.status is not None
+    finish = Finish(
+        run.id, lease.worker_id, decision.status, decision.error_type, decision.error_message
+    )
+    check.finishes([finish])
+    return finish
+
+
+def run_as_written(run: AgentRun, decision: Decision, finished_at: datetime | None) -> AgentRun:
     """The run as finish_runs writes `decision`, from what is sent (its lean answer is
     finished_at; None while the write is still to come)."""
     assert decision.status is not None

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from agent_runs.errors import DB_ERRORS
 from agent_runs.models import AgentRun, Finish
-from agent_runs.worker.completer import Completer
+from agent_runs.worker.completer import Completer, finish_of
 from agent_runs.worker.heartbeat import HeartbeatService, Lease
 from agent_runs.worker.outcome import Decision
 from agent_runs.worker.text import one_line
@@ -34,6 +34,7 @@ class _Handed:
     lease: Lease
     decision: Decision
     tag: str
+    finish: Finish
 
 
 class Flusher:
@@ -57,6 +58,7 @@ class Flusher:
     def hand(self, run: AgentRun, lease: Lease, decision: Decision, tag: str) -> bool:
         """Queue `decision` for `run` (a terminal status); waits while max_batch are queued.
         False once closing: the caller writes the end itself."""
+        handed = _Handed(run, lease, decision, tag, finish_of(run, lease, decision))
         with self._changed:
             while len(self._queue) >= self._max_batch and not self._closing:
                 self._changed.wait()
@@ -64,7 +66,7 @@ class Flusher:
                 return False
             lease.finishing = True
             lease.written_later = True
-            self._queue.append(_Handed(run, lease, decision, tag))
+            self._queue.append(handed)
             self._changed.notify_all()
             return True
 
@@ -106,16 +108,7 @@ class Flusher:
                     self._changed.notify_all()
 
     def _write(self, batch: list[_Handed]) -> None:
-        finishes = [
-            Finish(
-                h.run.id,
-                h.lease.worker_id,
-                h.decision.status or "",  # hand() takes terminal decisions only
-                h.decision.error_type,
-                h.decision.error_message,
-            )
-            for h in batch
-        ]
+        finishes = [handed.finish for handed in batch]
         in_doubt = False  # the batch may have committed although its reply was lost
         try:
             finished = self._completer.finish_batch(finishes)

@@ -33,7 +33,7 @@ from agent_runs.models import AgentRun, ClaimedRun, RunStatus
 from agent_runs.notify import Wakeups
 from agent_runs.repository import AgentRunRepository
 from agent_runs.worker.batching import GroupCommit
-from agent_runs.worker.completer import Completer, ended
+from agent_runs.worker.completer import Completer, run_as_written
 from agent_runs.worker.connection import connection
 from agent_runs.worker.flusher import Flusher
 from agent_runs.worker.heartbeat import HeartbeatService, Lease
@@ -414,7 +414,7 @@ class Worker:
         ):
             return self.completer.finish(run, lease, decision, tag)
         log.debug("%s: %s, handed to the flusher", tag, decision.status)
-        return ended(run, decision, None)
+        return run_as_written(run, decision, None)
 
     def with_lease_retry(
         self, lease: Lease, call: Callable[[AgentRunRepository], T], what: str
