@@ -75,17 +75,18 @@ _RUN_TIMESTAMPS: Final = tuple(i for i, n in enumerate(_RUN_FIELDS) if n in _TIM
 _ATTEMPT_TIMESTAMPS: Final = tuple(i for i, n in enumerate(_ATTEMPT_FIELDS) if n in _TIMESTAMPS)
 
 
+def _aware(value: datetime) -> datetime:
+    """A timestamp as UTC (psycopg gives the session's time zone)."""
+    return value if value.tzinfo is UTC else value.astimezone(UTC)
+
+
 def _utc(fields_: list[Any], stamps: tuple[int, ...]) -> list[Any]:
     """The timestamps among a model's fields as UTC (psycopg gives the session's time zone)."""
     for i in stamps:
         value = fields_[i]
-        if value is not None and value.tzinfo is not UTC:
-            fields_[i] = value.astimezone(UTC)
+        if value is not None:
+            fields_[i] = _aware(value)
     return fields_
-
-
-def _aware(value: datetime) -> datetime:
-    return value if value.tzinfo is UTC else value.astimezone(UTC)
 
 
 def _run(row: Row) -> AgentRun:
