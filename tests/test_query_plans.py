@@ -202,14 +202,20 @@ def test_a_transition_looks_up_its_run_and_its_attempt(seeded: Conn, mode: str, 
     _assert_lookups(plan, "agent_run_attempts", "run_id")
 
 
-@pytest.mark.parametrize("mode", PLAN_MODES)
-def test_renew_leases_looks_up_each_run_and_attempt_of_the_batch(seeded: Conn, mode: str) -> None:
+def _live_leases(seeded: Conn) -> tuple[list[str], list[str]]:
+    """Ten live runs of the seeded backlog and their owners: a batch for renew or finish."""
     rows = seeded.execute(
         "SELECT id, worker_id FROM agent_runs WHERE id LIKE 'live-%' ORDER BY id LIMIT 10"
     ).fetchall()
+    return [str(r[0]) for r in rows], [str(r[1]) for r in rows]
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_renew_leases_looks_up_each_run_and_attempt_of_the_batch(seeded: Conn, mode: str) -> None:
+    run_ids, worker_ids = _live_leases(seeded)
     params = {
-        "run_ids": [r[0] for r in rows],
-        "worker_ids": [r[1] for r in rows],
+        "run_ids": run_ids,
+        "worker_ids": worker_ids,
         "lease_seconds": 30.0,
         "now": None,
     }
@@ -236,15 +242,13 @@ def test_a_batched_claim_reads_the_claimable_index_in_order_and_looks_up_attempt
 
 @pytest.mark.parametrize("mode", PLAN_MODES)
 def test_finish_runs_looks_up_each_run_and_attempt_of_the_batch(seeded: Conn, mode: str) -> None:
-    rows = seeded.execute(
-        "SELECT id, worker_id FROM agent_runs WHERE id LIKE 'live-%' ORDER BY id LIMIT 10"
-    ).fetchall()
+    run_ids, worker_ids = _live_leases(seeded)
     params = {
-        "run_ids": [r[0] for r in rows],
-        "worker_ids": [r[1] for r in rows],
-        "statuses": ["completed"] * len(rows),
-        "error_types": [None] * len(rows),
-        "error_messages": [None] * len(rows),
+        "run_ids": run_ids,
+        "worker_ids": worker_ids,
+        "statuses": ["completed"] * len(run_ids),
+        "error_types": [None] * len(run_ids),
+        "error_messages": [None] * len(run_ids),
         "now": None,
     }
     plan = _plan(seeded, "finish_runs", params, mode)
