@@ -3,6 +3,7 @@ when they may have died, time-ordered keys for new runs."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -16,6 +17,7 @@ from agent_runs import AgentRun, AgentRunRepository, RunStatus, create_pool
 from agent_runs import db as agent_runs_db
 from agent_runs.repository import new_run_id
 from agent_runs.worker import AgentResult, RunContext, Worker
+from agent_runs.worker.heartbeat import HeartbeatService
 
 Conn = psycopg.Connection[Any]
 OWNER = "lean-worker:1"
@@ -177,6 +179,32 @@ def test_an_explicit_check_is_kept(dsn: str, observer: Conn) -> None:
         observer.execute("SELECT pg_terminate_backend(%s)", (pid,))
         with pool.connection(timeout=10) as conn:
             assert _backend_pid(conn) != pid
+
+
+def test_a_dead_pooled_connection_gets_its_dead_siblings_replaced_before_the_next_renewal(
+    dsn: str, repo: AgentRunRepository, observer: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Backends terminated while idle in the pool, all returned moments ago (so handed out
+    without a check): the heartbeat round that meets the first dead one fails, and the next
+    round renews on a live connection instead of meeting the next dead one."""
+    monkeypatch.setattr(agent_runs_db, "RECENT_RETURN_SECONDS", 3600.0)
+    run = _create(repo, "r1")
+    assert repo.claim_next_attempt(worker_id=OWNER, lease_seconds=30) is not None
+    with create_pool(dsn, min_size=4, max_size=4) as pool:
+        pool.wait()
+        held = [pool.getconn() for _ in range(4)]
+        pids = [_backend_pid(conn) for conn in held]
+        for conn in held:
+            pool.putconn(conn)
+        heartbeat = HeartbeatService(pool, lease_seconds=30, interval=3600, timeout=5)
+        try:
+            lease = heartbeat.track(run.id, OWNER, deadline=time.monotonic() + 30)
+            observer.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", (pids,))
+            assert heartbeat.renew_once() is False
+            assert heartbeat.renew_once() is True
+        finally:
+            heartbeat.close()
+    assert not lease.lost and heartbeat.failed_rounds == 1
 
 
 # --- keys of new runs ------------------------------------------------------------------------

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 
 import psycopg
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 # How long a checkout waits for the pool before connecting directly.
 POOL_WAIT_SECONDS: Final = 0.5
+
+# One sweep of a pool's idle connections at a time, whichever thread found a dead one.
+_sweeping = threading.Lock()
 
 
 @contextmanager
@@ -20,6 +24,12 @@ def connection(pool: ConnectionPool, *, timeout: float) -> Iterator[psycopg.Conn
     psycopg_pool waits 1, 2, 4 … seconds between reconnection attempts: after a server restart
     it can keep failing checkouts for seconds while the server is already back, and a lease
     would expire meanwhile. A direct connection answers as soon as the server does.
+
+    A pooled connection that died under a call (a restart, a terminated backend, a dropped
+    network path) rarely dies alone, and a connection that came back to the pool moments ago is
+    handed out again without a round trip to check it (agent_runs.db): so the pool's idle
+    connections are checked at once, and the next call (the heartbeat's retry above all) gets a
+    live one instead of the next dead one.
     """
     try:
         # A healthy pool answers at once; waiting longer only waits out its back-off.
@@ -34,4 +44,19 @@ def connection(pool: ConnectionPool, *, timeout: float) -> Iterator[psycopg.Conn
     try:
         yield conn
     finally:
+        died = conn.closed
         pool.putconn(conn)
+        if died:
+            _sweep(pool)
+
+
+def _sweep(pool: ConnectionPool) -> None:
+    """Check the pool's idle connections now, replacing the dead ones (psycopg_pool's check)."""
+    if not _sweeping.acquire(blocking=False):
+        return  # another thread is sweeping
+    try:
+        pool.check()
+    except PoolClosed:
+        pass
+    finally:
+        _sweeping.release()

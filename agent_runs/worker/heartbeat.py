@@ -99,8 +99,16 @@ class HeartbeatService:
                 backoff.reset()
                 delay = self._interval
             else:
-                # Retry sooner than a full interval: each failed round eats into the leases.
-                delay = backoff.next_delay()
+                # Retry sooner than a full interval: each failed round eats into the leases, so
+                # the closer the earliest of them is to its end, the sooner the next try.
+                delay = min(backoff.next_delay(), self._time_to_spare() / 4)
+
+    def _time_to_spare(self) -> float:
+        """Seconds until the earliest live lease can no longer be proven (at least 0.2)."""
+        now = time.monotonic()
+        with self._lock:
+            left = [lease.deadline - now for lease in self._leases.values() if lease.provable()]
+        return max(0.2, min(left, default=float("inf")))
 
     def renew_once(self) -> bool:
         """One renewal round over every tracked lease; False when the database could not answer."""
