@@ -89,6 +89,42 @@ def _finished_at_least(observer: Conn, n: int) -> bool:
     return _finished(observer) >= n
 
 
+def test_a_claim_that_waited_behind_a_slow_batch_holds_its_lease_from_its_own_statement(
+    pool: ConnectionPool, repo: AgentRunRepository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease a worker proves starts when the claim's statement was sent, not when its
+    thread started waiting: a claim queued behind a batch that took longer than a lease must
+    not start its agent with a lease it already counts as expired."""
+    for _ in range(2):
+        new_run(repo)
+    single = AgentRunRepository.claim_next_attempt
+    worker_ref: list[Worker] = []
+    slowed: list[bool] = []
+
+    def first_claim_is_slow(self: AgentRunRepository, **kwargs: Any) -> Any:
+        if not slowed:
+            slowed.append(True)
+            wait_until(lambda: worker_ref[0].claiming.waiting == 1, timeout=10)
+            time.sleep(1.5)  # longer than the lease
+        return single(self, **kwargs)
+
+    monkeypatch.setattr(AgentRunRepository, "claim_next_attempt", first_claim_is_slow)
+    at_start: dict[str, str | None] = {}
+
+    def agent(run: AgentRun, ctx: RunContext) -> AgentResult:
+        at_start[threading.current_thread().name] = ctx.stop_reason()
+        return AgentResult.completed()
+
+    with Worker(pool, agent, name="slow-batch", lease_seconds=1) as worker:
+        worker_ref.append(worker)
+        first = threading.Thread(target=worker.run_once, name="first")
+        first.start()
+        wait_until(lambda: bool(slowed), timeout=10)
+        worker.run_once()  # queued behind the first thread's slow batch
+        first.join(10)
+    assert at_start[threading.current_thread().name] is None
+
+
 def test_a_batched_claim_whose_reply_is_lost_is_found_by_each_owner(
     pool: ConnectionPool,
     repo: AgentRunRepository,

@@ -292,11 +292,12 @@ class Worker:
         if self.stopping:
             return None
         token = self.new_owner_token()
-        # Taken before the claim is sent: the lease cannot start earlier in the database.
+        # Taken before the claim is sent: the lease cannot start earlier in the database. The
+        # batch that carries the claim tells when it was sent, which may be later.
         claimed_at = time.monotonic()
         attempt_no: int | None = None  # known from the claim's own answer
         try:
-            claimed = self.claiming.submit(token)
+            claimed, claimed_at = self.claiming.submit(token)
             run, attempt_no = (None, None) if claimed is None else claimed
         except _ClaimNotSent as exc:  # no connection: nothing was claimed
             raise exc.error from None
@@ -316,27 +317,30 @@ class Worker:
             if not lease.written_later:
                 self.heartbeat.untrack(lease)
 
-    def _claim_batch(self, tokens: list[str]) -> list[ClaimedRun | None]:
-        """One claim statement for every claimer thread waiting now: a run each, oldest first."""
+    def _claim_batch(self, tokens: list[str]) -> list[tuple[ClaimedRun | None, float]]:
+        """One claim statement for every claimer thread waiting now: a run each, oldest first,
+        with the moment the statement was sent (after the checkout, which may wait out an
+        outage: no lease of the batch starts earlier in the database)."""
         if self.stopping:  # a stop request arrived while these claimers waited: claim nothing
-            return [None] * len(tokens)
+            return [(None, time.monotonic())] * len(tokens)
         with ExitStack() as checkout:
             try:
                 repo = checkout.enter_context(self.repository())
             except DB_ERRORS as exc:
                 raise _ClaimNotSent(exc) from exc
+            sent_at = time.monotonic()
             if len(tokens) == 1:  # a lone claimer: claim_next's own statement (LIMIT 1)
                 one = repo.claim_next_attempt(
                     worker_id=tokens[0],
                     lease_seconds=self.lease_seconds,
                     agent_slugs=self.agent_slugs,
                 )
-                return [one]
+                return [(one, sent_at)]
             claimed = repo.claim_next_attempts(
                 worker_ids=tokens, lease_seconds=self.lease_seconds, agent_slugs=self.agent_slugs
             )
         by_owner = {c.run.worker_id: c for c in claimed}
-        return [by_owner.get(token) for token in tokens]
+        return [(by_owner.get(token), sent_at) for token in tokens]
 
     def _find_claim_in_doubt(self, token: str, *, deadline: float) -> AgentRun | None:
         backoff = Backoff(cap=max(0.2, self.heartbeat_seconds))
