@@ -36,7 +36,10 @@ opened AS (
     SELECT lease.id, previous.n + 1, %(worker_id)s::text,
            greatest(lease.now, previous.ended), lease.now, lease.expires_at, lease.now, lease.now
     FROM lease,
-         LATERAL (SELECT coalesce(max(a.attempt_no), 0) AS n, max(a.finished_at) AS ended
+         -- The run's own attempts only: the FILTER keeps the planner from reading max() backward
+         -- off ix_agent_run_attempts_finished, a walk over every finished attempt.
+         LATERAL (SELECT coalesce(max(a.attempt_no), 0) AS n,
+                         max(a.finished_at) FILTER (WHERE a.finished_at IS NOT NULL) AS ended
                   FROM agent_run_attempts a WHERE a.run_id = lease.id) AS previous
     WHERE (SELECT count(*) FROM expired) >= 0
     RETURNING attempt_no

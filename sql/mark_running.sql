@@ -47,7 +47,10 @@ opened AS (
     SELECT c.id, previous.n + 1, c.worker_id, greatest(c.updated_at, previous.ended),
            c.heartbeat_at, c.lease_expires_at, c.updated_at, c.updated_at
     FROM claimed c,
-         LATERAL (SELECT coalesce(max(a.attempt_no), 0) AS n, max(a.finished_at) AS ended
+         -- The run's own attempts only: the FILTER keeps the planner from reading max() backward
+         -- off ix_agent_run_attempts_finished, a walk over every finished attempt.
+         LATERAL (SELECT coalesce(max(a.attempt_no), 0) AS n,
+                         max(a.finished_at) FILTER (WHERE a.finished_at IS NOT NULL) AS ended
                   FROM agent_run_attempts a WHERE a.run_id = c.id) AS previous
     WHERE c.initial_claim AND (SELECT count(*) FROM expired) >= 0
     RETURNING id

@@ -161,11 +161,15 @@ def test_claim_next_reads_the_claimable_index_in_order_and_never_sorts(
 
 
 def _assert_lookups(plan: Node, relation: str, column: str) -> None:
-    """Every scan of `relation` is an index scan with an equality condition on `column`."""
+    """Every scan of `relation` is an index scan (or a bitmap heap scan over one) with an
+    equality condition on `column`."""
     scans = _scans_of(plan, relation)
     assert scans, _describe(plan)
     condition = re.compile(rf"(?<![\w.]){column} = ")
     for scan in scans:
+        if scan["Node Type"] == "Bitmap Heap Scan":
+            assert condition.search(scan.get("Recheck Cond", "")), _describe(plan)
+            continue
         assert "Index" in scan["Node Type"], _describe(plan)
         assert condition.search(scan.get("Index Cond", "")), _describe(plan)
 
@@ -278,6 +282,51 @@ def test_the_reconciler_reads_only_live_runs_when_the_backlog_is_known(
         plan = _plan(conn, "reconcile_expired_leases.lock", {"now": t0, "limit": 500}, mode)
     used = {node.get("Index Name") for node in _nodes(plan)}
     assert "ix_agent_runs_live" in used, _describe(plan)
+
+
+# Retried history: runs of many attempts each, so that the statistics expect dozens of attempts
+# per run. Reading max(finished_at) backward off ix_agent_run_attempts_finished, filtered by
+# run_id, then looks as cheap as a lookup, and walks every finished attempt for a new run.
+_RETRIED_HISTORY: Final = """
+WITH history AS (
+    INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid, status, started_at,
+                            finished_at, created_at)
+    SELECT 'done-' || i, 'done-req-' || i, 'thread-' || i, 'agent-0', 'user', 'completed',
+           now() - interval '2 days', now() - interval '1 day', now() - interval '3 days'
+    FROM generate_series(1, 200) AS i
+    RETURNING id, started_at
+)
+INSERT INTO agent_run_attempts (run_id, attempt_no, worker_id, started_at, finished_at, outcome)
+SELECT id, n, 'old-worker', started_at + n * interval '1 minute',
+       started_at + n * interval '1 minute' + interval '30 seconds',
+       CASE WHEN n = 30 THEN 'completed' ELSE 'retry_released' END
+FROM history, generate_series(1, 30) AS n;
+
+INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid, created_at)
+SELECT 'pending-' || i, 'pending-req-' || i, 'pending-thread-' || i, 'agent-0', 'user',
+       now() - interval '1 hour' + i * interval '1 millisecond'
+FROM generate_series(1, 100) AS i;
+"""
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+@pytest.mark.parametrize("name", ["claim_next", "claim_next_attempts", "mark_running"])
+def test_a_claim_reads_only_its_own_runs_attempts_after_a_retried_history(
+    dsn: str, mode: str, name: str
+) -> None:
+    """The next attempt_no and the last end come from the claimed run's own attempts, however
+    many attempts the history holds and however many per run the statistics expect."""
+    params = {
+        **_claim_params(None),
+        "worker_ids": [f"claimer-{n}" for n in range(16)],
+        "run_id": "pending-1",
+    }
+    with agent_runs.connect(dsn) as conn:
+        conn.execute(_RETRIED_HISTORY)
+        conn.execute("VACUUM (ANALYZE) agent_runs")
+        conn.execute("VACUUM (ANALYZE) agent_run_attempts")
+        plan = _plan(conn, name, params, mode)
+    _assert_lookups(plan, "agent_run_attempts", "run_id")
 
 
 # --- plans over a realistic table: history, backlog, live and lost leases ---------------------
