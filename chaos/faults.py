@@ -30,6 +30,10 @@ RECONCILER_APP: Final = "chaos-reconciler"
 SUITE_APP: Final = "chaos-suite"
 CRASH_EXIT_CODE: Final = 137  # agent_runs.agents.CRASH_EXIT_CODE: the scripted `crash` step
 CRASH_LOG_MARK: Final = "scripted crash"
+# The line each command logs once its SIGTERM handler is in place (agent_runs/cli/worker.py).
+READY_LOG_MARKS: Final = {"worker": " thread(s), lease ", "reconciler": "reconciler: every "}
+# How long stop_all waits for a process started moments ago to reach that line.
+READY_WAIT_SECONDS: Final = 20.0
 
 _PR_SET_PDEATHSIG: Final = 1
 
@@ -84,6 +88,13 @@ class ManagedProcess:
             text = self.log_path.read_text(encoding="utf-8", errors="replace")
             return "\n".join(text.splitlines()[-lines:])
         return "(no log)"
+
+    def ready(self) -> bool:
+        """It has logged its start line: a SIGTERM from now on is its to handle."""
+        with contextlib.suppress(OSError):
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+            return READY_LOG_MARKS[self.role] in text
+        return False
 
     def crashed_on_script(self) -> bool:
         """Its exit is the scripted `crash` step (exit 137, announced in its log)."""
@@ -192,8 +203,15 @@ class Supervisor:
     def stop_all(self, *, grace: float) -> list[ManagedProcess]:
         """SIGTERM every live process, wait up to `grace` seconds, SIGKILL what is left.
 
-        Returns the processes that exited during this stop (exit_code set)."""
+        A process started moments ago (a replacement) is first given up to READY_WAIT_SECONDS to
+        reach its start line: before it, Python is still importing, no handler is installed, and
+        SIGTERM kills it outright. Returns the processes that exited during this stop (exit_code
+        set)."""
         live = [p for p in self.processes if p.exit_code is None]
+        ready_by = time.monotonic() + READY_WAIT_SECONDS
+        for process in live:
+            while process.alive() and not process.ready() and time.monotonic() < ready_by:
+                time.sleep(0.05)
         for process in live:
             with contextlib.suppress(ProcessLookupError):
                 process.popen.send_signal(signal.SIGTERM)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -18,7 +19,7 @@ import pytest
 
 from agent_runs import AgentRunRepository, RunStatus
 from chaos import invariants as inv
-from chaos.faults import in_flight_by_worker
+from chaos.faults import Supervisor, WorkerSettings, in_flight_by_worker
 from tests.fix_factories import AttemptFactory, RunFactory
 
 Conn = psycopg.Connection[Any]
@@ -435,3 +436,26 @@ def test_runs_in_flight_on_a_dead_worker_are_its_open_and_later_expired_attempts
 
     assert inv.runs_in_flight_on(conn, "w1g0", since=death) == sorted([open_run, expired_after])
     assert in_flight_by_worker(conn) == {"w1g0": 1, "w1g01": 1}
+
+
+def test_the_suite_stops_a_worker_started_a_moment_ago_with_a_clean_exit(
+    dsn: str, tmp_path: Path
+) -> None:
+    """A replacement started just before the suite stops everything: SIGTERM during its imports
+    would kill it outright (exit -15), which the suite reports as a failed process. stop_all
+    waits for its start line, after which SIGTERM is handled and the worker exits 0."""
+    settings = WorkerSettings(
+        concurrency=1,
+        lease_seconds=4.0,
+        heartbeat_seconds=1.0,
+        max_tries=3,
+        poll_seconds=0.25,
+        completion="durable",
+        reconcile_every=1.0,
+    )
+    supervisor = Supervisor(dsn, settings, tmp_path)
+    process = supervisor.start_worker(1)
+    stopped = supervisor.stop_all(grace=20.0)
+    assert stopped == [process]
+    assert process.exit_code == 0, process.log_tail()
+    assert process.ready()
