@@ -463,10 +463,13 @@ def run(server: BenchServer, settings: Settings) -> dict[str, Any]:
     results["claim_scaling"] = claim_scaling(server, settings)
     for key, module in DEPLOYMENT_PHASES:
         log(f"{key}: {module.__doc__.splitlines()[0] if module.__doc__ else key}")
+        phase_url = server.fresh_database(key)
         try:
-            results[key] = module.run_phase(server.fresh_database(key), settings.quick)
+            results[key] = module.run_phase(phase_url, settings.quick)
         except Exception as exc:  # one deployment phase failing keeps the other results
             log(f"{key}: failed ({type(exc).__name__}: {exc}); phase left out")
+        finally:
+            server.drop(phase_url)
     return results
 
 
@@ -494,7 +497,11 @@ def claim_scaling(server: BenchServer, settings: Settings) -> dict[str, Any]:
         log(f"claim latency: seeding {name} ({pending:,} pending + {finished:,} finished)")
         urls[name] = server.fresh_database(f"claim_{name}")
         seeding[name] = phases.seed_backlog(urls[name], pending=pending, finished=finished)
-    timings = phases.claim_latencies(urls, claims=settings.claims_per_rep, reps=settings.reps)
+    try:
+        timings = phases.claim_latencies(urls, claims=settings.claims_per_rep, reps=settings.reps)
+    finally:
+        for url in urls.values():
+            server.drop(url)
     out: dict[str, Any] = {}
     for name, (pending, finished) in sizes.items():
         values = timings[name]
