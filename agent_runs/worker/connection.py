@@ -26,10 +26,10 @@ def connection(pool: ConnectionPool, *, timeout: float) -> Iterator[psycopg.Conn
     would expire meanwhile. A direct connection answers as soon as the server does.
 
     A pooled connection that died under a call (a restart, a terminated backend, a dropped
-    network path) rarely dies alone, and a connection that came back to the pool moments ago is
-    handed out again without a round trip to check it (agent_runs.db): so the pool's idle
-    connections are checked at once, and the next call (the heartbeat's retry above all) gets a
-    live one instead of the next dead one.
+    network path) rarely dies alone, and a pool may hand out its idle connections without a
+    round trip to check them (the CLI's pool never checks; create_pool skips one returned
+    moments ago): so the pool's idle connections are checked at once, and the next call (the
+    heartbeat's retry above all) gets a live one instead of the next dead one.
     """
     try:
         # A healthy pool answers at once; waiting longer only waits out its back-off.
