@@ -4,6 +4,8 @@ group commit shares them between threads."""
 
 from __future__ import annotations
 
+import ctypes
+import signal
 import threading
 from datetime import datetime
 from typing import Any
@@ -425,3 +427,81 @@ def test_an_interrupt_of_the_writer_stays_its_own_and_leaves_the_others_in_doubt
     assert kinds == ["KeyboardInterrupt", "OperationalError"], seen
     in_doubt = next(seen[item] for item in "bc" if not isinstance(seen[item], KeyboardInterrupt))
     assert "outcome unknown" in str(in_doubt)
+
+
+def _later_submit_answers(group: GroupCommit[str, str]) -> str | None:
+    """What a fresh submit gets within 5 s; None when it hangs."""
+    answer: list[str] = []
+    later = threading.Thread(target=lambda: answer.append(group.submit("later")), daemon=True)
+    later.start()
+    later.join(5)
+    return answer[0] if answer else None
+
+
+def _held_first_batch() -> tuple[GroupCommit[str, str], threading.Thread, threading.Event]:
+    """A group of one-item batches whose first batch ("slow") is being written, held open."""
+    entered, release = threading.Event(), threading.Event()
+
+    def write(items: list[str]) -> list[str]:
+        if items == ["slow"]:
+            entered.set()
+            assert release.wait(5)
+        return [f"{item}!" for item in items]
+
+    group: GroupCommit[str, str] = GroupCommit(write, max_batch=1)
+    writer = threading.Thread(target=group.submit, args=("slow",), daemon=True)
+    writer.start()
+    assert entered.wait(5)
+    return group, writer, release
+
+
+def test_a_waiter_interrupted_by_ctrl_c_leaves_the_queue_and_later_submits_are_written() -> None:
+    group, writer, release = _held_first_batch()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(
+        0.2, lambda: signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+    )
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            group.submit("main")  # waits behind "slow" until Ctrl-C reaches the main thread
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+    release.set()
+    writer.join(5)
+    assert group.waiting == 0
+    assert _later_submit_answers(group) == "later!"
+
+
+class _Abort(BaseException):
+    """An asynchronous exception, as thread-timeout helpers raise in a thread."""
+
+
+def test_a_thread_interrupted_as_its_turn_to_write_comes_hands_the_turn_on() -> None:
+    group, writer, release = _held_first_batch()
+    seen: list[BaseException] = []
+
+    def victim() -> None:
+        try:
+            group.submit("victim")
+        except BaseException as exc:  # what the thread gets is the point
+            seen.append(exc)
+
+    thread = threading.Thread(target=victim, daemon=True)
+    thread.start()
+    wait_until(lambda: group.waiting == 1, timeout=5)
+    # Raised in the victim at its next bytecode: when "slow" is written and the turn is its.
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread.ident or 0), ctypes.py_object(_Abort)
+    )
+    release.set()
+    writer.join(5)
+    thread.join(5)
+    assert [type(exc) for exc in seen] == [_Abort]
+    assert _later_submit_answers(group) == "later!"
+
+
+def test_a_group_commit_refuses_an_empty_batch_size() -> None:
+    with pytest.raises(ValueError, match="max_batch"):
+        GroupCommit(lambda items: items, max_batch=0)

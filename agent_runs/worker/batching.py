@@ -25,13 +25,14 @@ O = TypeVar("O")  # noqa: E741 - the answer type
 
 
 class _Slot(Generic[I, O]):
-    __slots__ = ("answer", "done", "error", "item", "wake")
+    __slots__ = ("answer", "done", "error", "item", "turn", "wake")
 
     def __init__(self, item: I) -> None:
         self.item = item
         self.answer: O | None = None
         self.error: BaseException | None = None
         self.done = False
+        self.turn = False  # its thread writes the next batch (set under the group's lock)
         # Held from the start; released once to wake the waiting thread.
         self.wake = threading.Lock()
         self.wake.acquire()
@@ -41,11 +42,13 @@ class GroupCommit(Generic[I, O]):
     """Batches concurrent `submit` calls into calls of `write(items) -> answers` (same order)."""
 
     def __init__(self, write: Callable[[list[I]], Sequence[O]], *, max_batch: int) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self._write = write
         self._max_batch = max_batch
         self._lock = threading.Lock()
-        self._waiting: list[_Slot[I, O]] = []
-        self._writing = False
+        self._waiting: list[_Slot[I, O]] = []  # neither in a batch nor holding the turn
+        self._writing = False  # a thread holds the turn
         self.batches = 0  # batches written, for tests and logs
         self.items = 0
 
@@ -59,23 +62,32 @@ class GroupCommit(Generic[I, O]):
         """Write `item` in a batch; its answer, or the exception its batch raised."""
         slot: _Slot[I, O] = _Slot(item)
         with self._lock:
-            self._waiting.append(slot)
-            waits, self._writing = self._writing, True
-        if waits:
-            slot.wake.acquire()  # its batch was written, or it writes the next one
-        if not slot.done:
-            # The writer's own item heads the queue (it found no writer, or was handed the
-            # turn as the oldest waiting), so it is always in the batch it writes.
-            self._write_batch(slot)
+            waits = self._writing
+            if waits:
+                self._waiting.append(slot)
+            else:
+                self._writing = slot.turn = True
+        try:
+            if waits:
+                slot.wake.acquire()  # its batch was written, or the turn was handed to it
+            if not slot.done:
+                self._write_batch(slot)
+        except BaseException:
+            # Interrupted (Ctrl-C in the main thread, an asynchronous exception): a turn it
+            # holds goes on to the next thread, or every later submit would wait forever.
+            self._withdraw(slot)
+            raise
         if slot.error is not None:
             raise slot.error
         return slot.answer  # type: ignore[return-value]  # set with done, unless error is
 
     def _write_batch(self, mine: _Slot[I, O]) -> None:
-        with self._lock:
-            batch = self._waiting[: self._max_batch]
-            del self._waiting[: self._max_batch]
+        """Write `mine` (holding the turn) and the oldest waiting items, then hand the turn on."""
+        batch = [mine]
         try:
+            with self._lock:
+                batch += self._waiting[: self._max_batch - 1]
+                del self._waiting[: self._max_batch - 1]
             answers = self._write([slot.item for slot in batch])
             if len(answers) != len(batch):
                 raise AssertionError(f"{len(batch)} items written, {len(answers)} answers")
@@ -97,10 +109,32 @@ class GroupCommit(Generic[I, O]):
                     slot.done = True
                 self.batches += 1
                 self.items += len(batch)
-                following = self._waiting[0] if self._waiting else None
-                self._writing = following is not None
+                mine.turn = False
+                following = self._hand_turn()
             if following is not None:
                 following.wake.release()  # the next batch first: its thread writes it
             for slot in batch:
                 if slot is not mine:
                     slot.wake.release()
+
+    def _withdraw(self, slot: _Slot[I, O]) -> None:
+        """An interrupted submit: out of the queue, and its turn (if it holds it) handed on."""
+        with self._lock:
+            following = None
+            if slot in self._waiting:
+                self._waiting.remove(slot)
+            elif slot.turn:
+                slot.turn = False
+                following = self._hand_turn()
+        if following is not None:
+            following.wake.release()
+
+    def _hand_turn(self) -> _Slot[I, O] | None:
+        """The oldest waiting slot, now holding the turn; None (no writer) when none waits.
+        The caller holds the lock, and wakes the slot after releasing it."""
+        if not self._waiting:
+            self._writing = False
+            return None
+        following = self._waiting.pop(0)
+        following.turn = True
+        return following
