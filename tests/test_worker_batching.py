@@ -44,8 +44,9 @@ def _one_completed_attempt_each(observer: Conn, run_ids: list[str]) -> None:
     assert set(rows) == {("completed", 1, True)}
 
 
+@pytest.mark.parametrize("loop", ["run_forever", "run_once"])
 def test_threads_that_finish_together_share_statements_and_keep_every_fact(
-    pool: ConnectionPool, repo: AgentRunRepository, observer: Conn
+    pool: ConnectionPool, repo: AgentRunRepository, observer: Conn, loop: str
 ) -> None:
     runs = [new_run(repo).id for _ in range(THREADS * 6)]
     together = threading.Barrier(THREADS)
@@ -59,8 +60,17 @@ def test_threads_that_finish_together_share_statements_and_keep_every_fact(
 
     stop = threading.Event()
     with Worker(pool, agent, name="batch", lease_seconds=30, poll_seconds=0.05) as worker:
+
+        def run_once_until_stopped() -> None:
+            while not stop.is_set():
+                if worker.run_once(stop=stop) is None:
+                    stop.wait(0.05)
+
         threads = [
-            threading.Thread(target=worker.run_forever, args=(stop,)) for _ in range(THREADS)
+            threading.Thread(target=worker.run_forever, args=(stop,))
+            if loop == "run_forever"
+            else threading.Thread(target=run_once_until_stopped)
+            for _ in range(THREADS)
         ]
         for t in threads:
             t.start()
@@ -70,10 +80,15 @@ def test_threads_that_finish_together_share_statements_and_keep_every_fact(
             stop.set()
             for t in threads:
                 t.join(10)
-        claims, finishes = worker.claiming, worker.completer.finishing
     _one_completed_attempt_each(observer, runs)
+    if loop == "run_forever":  # the claimer claims, the writer thread writes the ends
+        claims: Any = worker.claimer
+        finishes: Any = worker.flusher
+    else:  # the threads themselves, sharing statements when they coincide
+        claims, finishes = worker.claiming, worker.completer.finishing
     assert finishes.items == len(runs)
     assert finishes.batches < finishes.items  # some statements finished several runs
+    assert claims.items >= len(runs)
     assert claims.batches < claims.items
 
 

@@ -1,21 +1,29 @@
-"""The opt-in asynchronous completion (`Worker(completion="async")`): write ends in the background.
+"""The writer thread: ends handed over by executing threads, written in batches.
 
-An executing thread hands its run's terminal decision to one flusher thread and goes on to its
-next claim at once; the flusher writes everything handed to it in one `finish_runs` statement
-per round. The run's lease stays with the heartbeat until its end is written, so it cannot
-expire while it waits. A decision the batch did not write (refused, or a database failure) goes
-through the completer's one-run path, with its retries and explanations.
+An executing thread hands its run's terminal decision to one writer thread and goes on at once;
+the writer writes everything handed to it in one `finish_runs` statement per round. The run's
+lease stays with the heartbeat until its end is written, so it cannot expire while it waits. A
+decision the batch did not write (refused, or a database failure) goes through the completer's
+one-run path, with its retries and explanations.
 
-The loss window: a process that dies (SIGKILL, power loss) after a thread was told "done" and
-before the flush committed leaves its run `running`; its lease then expires and the reconciler
-ends it `failed` / `worker_lease_expired`, with an `lease_expired` attempt that says the outcome
-is unknown. Never silently lost, never `completed`. `close()` flushes everything first.
+Who hands over: the `run_forever` threads, always. With durable completion (the default) their
+slot comes back only once the end is written (`on_written`), so the process never holds more
+runs than threads, and a run counts as done only once its end committed. `run_once` hands over
+only with the opt-in asynchronous completion (`Worker(completion="async")`), where the caller is
+told the decision before it is written.
+
+The loss window is the same either way: a process that dies (SIGKILL, power loss) after an
+agent ended and before the end committed leaves its run `running`; its lease then expires and
+the reconciler ends it `failed` / `worker_lease_expired`, with a `lease_expired` attempt that
+says the outcome is unknown. Never silently lost, never `completed`. `close()` writes
+everything first.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent_runs.errors import DB_ERRORS
@@ -38,20 +46,26 @@ class _Handed:
 
 
 class Flusher:
-    """One background thread writing handed-over terminal decisions in batches."""
+    """One background thread (started by the first hand-over) writing terminal decisions in
+    batches; `on_written(n)` says that n more handed ends are written (or given up)."""
 
     def __init__(
-        self, completer: Completer, heartbeat: HeartbeatService, *, max_batch: int
+        self,
+        completer: Completer,
+        heartbeat: HeartbeatService,
+        *,
+        max_batch: int,
+        on_written: Callable[[int], None] | None = None,
     ) -> None:
         self._completer = completer
         self._heartbeat = heartbeat
         self._max_batch = max_batch
+        self._on_written = on_written
         self._changed = threading.Condition()
         self._queue: list[_Handed] = []
         self._writing = 0  # handed items taken by the thread and not yet written
         self._closing = False
-        self._thread = threading.Thread(target=self._loop, name="agent-runs-flusher", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
         self.batches = 0
         self.items = 0
 
@@ -64,6 +78,11 @@ class Flusher:
                 self._changed.wait()
             if self._closing:
                 return False
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="agent-runs-flusher", daemon=True
+                )
+                self._thread.start()
             lease.finishing = True
             lease.written_later = True
             self._queue.append(handed)
@@ -81,7 +100,9 @@ class Flusher:
         with self._changed:
             self._closing = True
             self._changed.notify_all()
-        self._thread.join(timeout)
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
 
     def _loop(self) -> None:
         while True:
@@ -101,6 +122,8 @@ class Flusher:
             finally:
                 for handed in batch:
                     self._heartbeat.untrack(handed.lease)
+                if self._on_written is not None:
+                    self._on_written(len(batch))
                 with self._changed:
                     self._writing = 0
                     self.batches += 1

@@ -2,13 +2,16 @@
 
 One `Worker` per process. Any number of threads may call `run_once()`/`run_forever()` on it;
 they share its pool, its heartbeat thread (one `renew_leases` per round for every lease the
-process holds) and its wake-up listener (one LISTEN connection per process). A worker only
+process holds) and its wake-up listener (one LISTEN connection per process). `run_once()`
+claims and writes in the calling thread (with other threads' claims and ends when they coincide:
+agent_runs/worker/batching.py); `run_forever()` threads execute what the process's claimer
+claims for them and hand their ends to its writer thread (claimer.py, flusher.py). A worker only
 writes for a run while it can prove its lease: a refused renewal means the lease is lost (write
 nothing), and a lease whose renewals kept failing until its expiry by the worker's own monotonic
 clock is dropped (write nothing; the reconciler converges it).
 
-The loops, the claim (with its lost-reply recovery) and one execution read best together; the
-decision and the writing live in outcome.py and completer.py.
+The claims (with their lost-reply recovery) and one execution read best together; the decision
+and the writing live in outcome.py and completer.py.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from agent_runs.models import AgentRun, ClaimedRun, RunStatus
 from agent_runs.notify import Wakeups
 from agent_runs.repository import AgentRunRepository
 from agent_runs.worker.batching import GroupCommit
+from agent_runs.worker.claimer import WAIT_SLICE_SECONDS, Claimed, Claimer
 from agent_runs.worker.completer import Completer, run_as_written
 from agent_runs.worker.connection import connection
 from agent_runs.worker.flusher import Flusher
@@ -45,14 +49,10 @@ log = logging.getLogger("agent_runs.worker")
 
 T = TypeVar("T")
 
-# With wake-ups, idle claimers are woken at once by new runs; the poll only catches what a
+# With wake-ups, an idle claimer is woken at once by new runs; the poll only catches what a
 # notification could miss (while the listener reconnects), so it can be slow: 10 s keeps an idle
-# worker process at about 0.1 claim per second per thread.
+# worker process at about 0.1 claim per second.
 LISTENING_POLL_SECONDS = 10.0
-
-# Longest single sleep of an idle claimer, so that a `stop` event set by the caller (without
-# request_stop) is seen promptly even while it waits for a wake-up.
-_IDLE_SLICE_SECONDS = 1.0
 
 
 class Worker:
@@ -102,14 +102,18 @@ class Worker:
             lease_seconds=self.lease_seconds,
             retry_cap=max(0.2, self.heartbeat_seconds),
         )
-        # "async": a run's end is written in the background (agent_runs/worker/flusher.py).
+        # "async": run_once's ends are written in the background too, and a run_forever slot
+        # comes back once its end is handed over, not once it committed.
         self.completion = check.completion(completion)
-        self.flusher = (
-            Flusher(self.completer, self.heartbeat, max_batch=check.MAX_BATCH)
-            if self.completion == "async"
-            else None
+        # run_forever threads: one claimer claims for their free slots, one writer writes ends.
+        self.claimer = Claimer(self)
+        self.flusher = Flusher(
+            self.completer,
+            self.heartbeat,
+            max_batch=check.MAX_BATCH,
+            on_written=self._written if self.completion == "durable" else None,
         )
-        # Claimer threads that are idle at the same time share one claim statement.
+        # run_once threads that claim at the same time share one claim statement.
         self.claiming = GroupCommit(self._claim_batch, max_batch=check.MAX_BATCH)
         # 0 while all is well; non-zero once an agent asked the process to exit.
         self.exit_code = 0
@@ -118,9 +122,6 @@ class Worker:
         self._next_reconcile = 0.0
         self._wakeups_lock = threading.Lock()
         self._wakeups: Wakeups | None = None
-        self._poll_lock = threading.Lock()
-        self._next_poll = 0.0
-        self._loops = 0  # threads in run_forever
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -140,12 +141,13 @@ class Worker:
         wakeups = self._wakeups
         if wakeups is not None:
             wakeups.interrupt()
+        self.claimer.interrupt()
 
     def close(self) -> None:
-        """Write what the flusher holds, stop the heartbeat thread and the wake-up listener.
-        The pool belongs to the caller."""
-        if self.flusher is not None:
-            self.flusher.close()
+        """Stop claiming (releasing claimed runs no thread took), write what the writer holds,
+        stop the heartbeat thread and the wake-up listener. The pool belongs to the caller."""
+        self.claimer.close()
+        self.flusher.close()
         self.heartbeat.close()
         with self._wakeups_lock:
             wakeups, self._wakeups = self._wakeups, None
@@ -175,29 +177,29 @@ class Worker:
     # -- loops -----------------------------------------------------------------------------
 
     def run_forever(self, stop: threading.Event) -> None:
-        """Claim and execute runs until `stop` is set or `request_stop()` is called.
+        """Execute claimed runs until `stop` is set or `request_stop()` is called.
 
-        Idle, it waits for a wake-up (when listening) or the poll interval. Reconciles expired
-        leases every lease_seconds/2 (one thread per worker does it). Database failures are
+        The thread adds one slot to the process's claimer (agent_runs/worker/claimer.py), which
+        claims for every free slot at once, waits for a wake-up (when listening) or the poll
+        interval while nothing is claimable, and reconciles expired leases every
+        lease_seconds/2. The thread hands each run's end to the writer thread and takes the
+        next run; its slot is claimed for again once that end committed. Database failures are
         logged and retried with capped exponential back-off; they never end the loop.
         """
-        wakeups = self._listen()
-        with self._poll_lock:
-            self._loops += 1
-            if wakeups is not None:  # one kept wake-up per claimer thread is enough
-                wakeups.limit_pending(self._loops)
+        self.claimer.join()
         try:
-            self._loop(stop, wakeups)
+            self._execute_claimed(stop)
         finally:
-            with self._poll_lock:
-                self._loops -= 1
+            self.release_unstarted(self.claimer.leave())
 
-    def _loop(self, stop: threading.Event, wakeups: Wakeups | None) -> None:
+    def _execute_claimed(self, stop: threading.Event) -> None:
         backoff = Backoff()
         while not (stop.is_set() or self.stopping):
+            claimed = self.claimer.take(WAIT_SLICE_SECONDS)
+            if claimed is None:
+                continue
             try:
-                self.maybe_reconcile()
-                run = self.run_once(stop=stop)
+                self._run_claimed(claimed, stop)
             except PoolClosed:
                 log.info("pool closed; worker loop ends")
                 return
@@ -214,45 +216,37 @@ class Worker:
                 stop.wait(delay)
                 continue
             backoff.reset()
-            if run is None:
-                self._idle(stop, wakeups)
 
-    def _idle(self, stop: threading.Event, wakeups: Wakeups | None) -> None:
-        """Wait until a wake-up, the safety-net poll, or a stop request.
+    def _run_claimed(self, claimed: Claimed, stop: threading.Event) -> None:
+        lease = claimed.lease
+        try:
+            self._execute(claimed.run, lease, stop, claimed.attempt_no, hand_over=True)
+        finally:
+            if not lease.written_later:
+                self.heartbeat.untrack(lease)
+                self.claimer.give_back()
+            elif self.completion == "async":
+                self.claimer.give_back()  # done once handed over; durable: once written
 
-        While the listener is up, the poll is one claim per process per poll interval (the
-        first idle thread whose wait runs out takes it; the others go on waiting for wake-ups),
-        so an idle process costs the server the same whatever its thread count. While it is
-        down (or without wake-ups) every idle thread polls every `poll_seconds`, at most 1 s
-        when listening was meant to be there.
-        """
-        started = time.monotonic()
-        while not (stop.is_set() or self.stopping):
-            listening = wakeups is not None and wakeups.listening
-            interval = self.poll_seconds if listening else min(self.poll_seconds, 1.0)
-            if wakeups is None:
-                interval = self.poll_seconds
-            left = started + interval - time.monotonic()
-            if left <= 0:
-                if not listening or self._take_poll_turn():
-                    return
-                left = _IDLE_SLICE_SECONDS
-            if wakeups is None:
-                stop.wait(min(left, _IDLE_SLICE_SECONDS))
-            elif wakeups.wait(min(left, _IDLE_SLICE_SECONDS)):
-                return
+    def _written(self, count: int) -> None:
+        """The writer wrote (or gave up) `count` run_forever threads' ends: their slots come
+        back (with durable completion only run_forever threads hand ends over)."""
+        self.claimer.give_back(count)
 
-    def _take_poll_turn(self) -> bool:
-        """Whether this idle thread makes the process's next safety-net claim."""
-        with self._poll_lock:
-            now = time.monotonic()
-            if now < self._next_poll:
-                return False
-            self._next_poll = now + self.poll_seconds
-            return True
+    def release_unstarted(self, claimed: Sequence[Claimed]) -> None:
+        """Release for retry runs that were claimed for run_forever threads and never started
+        (no thread is left to take them, or the worker stops)."""
+        for one in claimed:
+            tag = f"run {one.run.id} ({one.lease.worker_id})"
+            log.info("%s: no thread left to execute it; releasing", tag)
+            try:
+                self.completer.finish(one.run, one.lease, RELEASE, tag)
+            finally:
+                self.heartbeat.untrack(one.lease)
+                self.claimer.give_back()
 
-    def _listen(self) -> Wakeups | None:
-        """The process's wake-up listener, started by the first loop that needs it."""
+    def listener(self) -> Wakeups | None:
+        """The process's wake-up listener, started by the first claimer that needs it."""
         if self.listen_dsn is None:
             return None
         with self._wakeups_lock:
@@ -312,10 +306,40 @@ class Worker:
             return None
         lease = self.heartbeat.track(run.id, token, deadline=claimed_at + self.lease_seconds)
         try:
-            return self._execute(run, lease, stop, attempt_no)
+            return self._execute(run, lease, stop, attempt_no, hand_over=self.completion == "async")
         finally:
             if not lease.written_later:
                 self.heartbeat.untrack(lease)
+
+    def claim_for_slots(self, count: int) -> list[Claimed]:
+        """Claim up to `count` runs in one statement for the claimer, each under its own lease.
+
+        Raises database errors of the claim itself when nothing can have been claimed; after a
+        lost reply, the runs are found by their owner tokens (as run_once does)."""
+        tokens = [self.new_owner_token() for _ in range(count)]
+        claimed_at = time.monotonic()  # as in run_once: no lease starts earlier in the database
+        try:
+            answers = self._claim_batch(tokens)
+        except _ClaimNotSent as exc:
+            raise exc.error from None
+        except DB_ERRORS:
+            found = []
+            for token in tokens:
+                run = self._find_claim_in_doubt(token, deadline=claimed_at + self.lease_seconds)
+                if run is not None:
+                    log.warning("run %s: claim reply was lost; found it by its owner token", run.id)
+                    found.append((token, run))
+            if not found:
+                raise
+            return [Claimed(run, self._track(run, token, claimed_at), None) for token, run in found]
+        return [
+            Claimed(one.run, self._track(one.run, token, sent_at), one.attempt_no)
+            for token, (one, sent_at) in zip(tokens, answers, strict=True)
+            if one is not None
+        ]
+
+    def _track(self, run: AgentRun, token: str, sent_at: float) -> Lease:
+        return self.heartbeat.track(run.id, token, deadline=sent_at + self.lease_seconds)
 
     def _claim_batch(self, tokens: list[str]) -> list[tuple[ClaimedRun | None, float]]:
         """One claim statement for every claimer thread waiting now: a run each, oldest first,
@@ -355,8 +379,15 @@ class Worker:
     # -- one run ---------------------------------------------------------------------------
 
     def _execute(
-        self, run: AgentRun, lease: Lease, stop: threading.Event | None, attempt_no: int | None
+        self,
+        run: AgentRun,
+        lease: Lease,
+        stop: threading.Event | None,
+        attempt_no: int | None,
+        *,
+        hand_over: bool,
     ) -> AgentRun:
+        """Execute the agent and have the end written: here, or (`hand_over`) by the writer."""
         tag = f"run {run.id} ({lease.worker_id})"
         if attempt_no is None:  # a claim found after its reply was lost: read our attempt
             try:
@@ -400,17 +431,22 @@ class Worker:
                 attempt_no=attempt_no,
                 max_tries=self.max_tries,
             )
-            ended = self._finish(ctx.run, lease, decision, tag)
+            # An agent that stops the process has its end written before the exception goes on
+            # (with async completion only once the writer closes).
+            hand_over = hand_over and (self.completion == "async" or not ending.stops_worker)
+            ended = self._finish(ctx.run, lease, decision, tag, hand_over=hand_over)
         if isinstance(ending.raised, KeyboardInterrupt):
             raise ending.raised
         return ended
 
-    def _finish(self, run: AgentRun, lease: Lease, decision: Decision, tag: str) -> AgentRun:
-        """Write the end now, or (async completion) hand it to the flusher and return the run
+    def _finish(
+        self, run: AgentRun, lease: Lease, decision: Decision, tag: str, *, hand_over: bool
+    ) -> AgentRun:
+        """Write the end now, or (`hand_over`) hand it to the writer thread and return the run
         as it will be written, finished_at not yet known."""
         flusher = self.flusher
         if (
-            flusher is None
+            not hand_over
             or decision.releases
             or not lease.provable()
             or lease.heartbeat_stopped

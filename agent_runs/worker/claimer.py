@@ -1,0 +1,227 @@
+"""The claimer: one thread claims runs for every `run_forever` thread of the process.
+
+Each `run_forever` thread is one slot. A claim takes a slot for its run; the slot comes back
+once the run's end has committed (with async completion: once the end was handed over), or
+once nothing is left to write for it. The claimer claims for all the free slots at once, in one
+statement (oldest runs first, up to MAX_BATCH), and queues what it got; a `run_forever` thread
+takes the next claimed run, executes it and hands its end to the writer thread
+(agent_runs/worker/flusher.py), then takes the next one without waiting for that statement.
+
+So no more runs are held than there are threads, a run counts as done only once its end
+committed, and under load the claim and finish statements carry a batch each, not a run each:
+the threads that execute never wait for the database in between (each such wait is a thread
+switch per run, which is what a process of many threads spends its time on).
+
+Idle, the claimer waits for a wake-up (when listening) or the poll interval, and it runs the
+reconciler every lease_seconds/2. A run claimed while no thread is left to take it (all left,
+or the worker stops) is released for retry at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from queue import Empty, SimpleQueue
+from typing import TYPE_CHECKING
+
+from psycopg_pool import PoolClosed
+
+from agent_runs import validation as check
+from agent_runs.backoff import Backoff
+from agent_runs.errors import DB_ERRORS
+from agent_runs.models import AgentRun
+from agent_runs.worker.heartbeat import Lease
+from agent_runs.worker.text import one_line
+
+if TYPE_CHECKING:
+    from agent_runs.notify import Wakeups
+    from agent_runs.worker.runtime import Worker
+
+log = logging.getLogger("agent_runs.worker")
+
+# Longest single wait of the claimer or of a thread waiting for a run, so that a stop event set
+# by the caller (without request_stop) is seen promptly.
+WAIT_SLICE_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A run claimed for a slot, waiting for a thread to execute it."""
+
+    run: AgentRun
+    lease: Lease
+    attempt_no: int | None  # None: found after a lost reply, the thread reads its attempt
+
+
+class Claimer:
+    """Claims for the free slots of the process's `run_forever` threads (module docstring)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+        self._changed = threading.Condition()
+        self._slots = 0  # run_forever threads
+        self._held = 0  # slots taken by a claim (sent, queued, executing, or its end unwritten)
+        self._ready: SimpleQueue[Claimed | None] = SimpleQueue()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.batches = 0  # claim statements, for tests and logs
+        self.items = 0  # runs claimed
+
+    # -- the run_forever threads -----------------------------------------------------------
+
+    def join(self) -> None:
+        """A run_forever thread adds its slot (the first one starts the claimer thread)."""
+        with self._changed:
+            self._slots += 1
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(
+                    target=self._loop, name="agent-runs-claimer", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify_all()
+
+    def leave(self) -> list[Claimed]:
+        """A run_forever thread takes its slot away; the last one gets the claimed runs that no
+        thread will take now (the caller releases them)."""
+        with self._changed:
+            self._slots -= 1
+            left = self._drain() if self._slots == 0 else []
+            self._changed.notify_all()
+        return left
+
+    def take(self, timeout: float) -> Claimed | None:
+        """The next claimed run, or None after `timeout` (or when woken to look at a stop)."""
+        try:
+            return self._ready.get(timeout=timeout)
+        except Empty:
+            return None
+
+    def give_back(self, count: int = 1) -> None:
+        """`count` slots' runs need nothing more written: they can be claimed for again (all
+        at once, so that the next claim is one statement for them all)."""
+        with self._changed:
+            self._held -= count
+            self._changed.notify_all()
+
+    def interrupt(self) -> None:
+        """Wake every thread waiting for a run (the worker stops)."""
+        with self._changed:
+            waiting = self._slots
+            self._changed.notify_all()
+        for _ in range(waiting):
+            self._ready.put(None)
+
+    def close(self) -> None:
+        """Stop the claimer thread; release what it claimed that no thread took."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        with self._changed:
+            left = self._drain()
+        self._worker.release_unstarted(left)
+
+    def _drain(self) -> list[Claimed]:
+        """The queued runs, taken out (the caller holds the lock)."""
+        left: list[Claimed] = []
+        while True:
+            try:
+                claimed = self._ready.get_nowait()
+            except Empty:
+                return left
+            if claimed is not None:
+                left.append(claimed)
+
+    # -- the claimer thread ----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        worker = self._worker
+        wakeups = worker.listener()
+        if wakeups is not None:  # one claimer: one kept wake-up is enough
+            wakeups.limit_pending(1)
+        backoff = Backoff()
+        while True:
+            with self._changed:
+                while not self._ending() and self._slots - self._held <= 0:
+                    self._changed.wait(WAIT_SLICE_SECONDS)
+                    if not self._ending():
+                        break  # look at the reconciler now and then even when all are busy
+                if self._ending():
+                    return
+                wanted = min(self._slots - self._held, check.MAX_BATCH)
+                if wanted > 0:
+                    self._held += wanted
+            worker.maybe_reconcile()
+            if wanted <= 0:
+                continue
+            try:
+                claimed = worker.claim_for_slots(wanted)
+            except PoolClosed:
+                self.give_back(wanted)
+                log.info("pool closed; the claimer ends")
+                return
+            except BaseException as exc:
+                self.give_back(wanted)
+                delay = backoff.next_delay()
+                if isinstance(exc, DB_ERRORS):
+                    log.warning(
+                        "database unavailable (%s); claiming again in %.1fs", one_line(exc), delay
+                    )
+                elif isinstance(exc, Exception):  # a bug must not end the claimer: logged loudly
+                    log.exception("claimer error; claiming again in %.1fs", delay)
+                else:
+                    raise
+                self._pause(delay)
+                continue
+            backoff.reset()
+            self._deliver(claimed, wanted)
+            if len(claimed) < wanted:  # nothing more is claimable now
+                self._idle(wakeups)
+
+    def _ending(self) -> bool:
+        return self._closed or self._worker.stopping
+
+    def _deliver(self, claimed: list[Claimed], wanted: int) -> None:
+        """Queue the claimed runs for the threads; release them when no thread is left."""
+        self.batches += 1
+        self.items += len(claimed)
+        with self._changed:
+            self._held -= wanted - len(claimed)
+            orphaned = self._slots == 0 or self._closed
+            if not orphaned:
+                for one in claimed:
+                    self._ready.put(one)
+        if orphaned:
+            self._worker.release_unstarted(claimed)
+
+    def _pause(self, seconds: float) -> None:
+        with self._changed:
+            deadline = time.monotonic() + seconds
+            while not self._ending() and (left := deadline - time.monotonic()) > 0:
+                self._changed.wait(min(left, WAIT_SLICE_SECONDS))
+
+    def _idle(self, wakeups: Wakeups | None) -> None:
+        """Wait until a wake-up, the safety-net poll or a stop.
+
+        While the listener is up the poll only catches what a notification could miss, so it
+        runs every poll_seconds; while it is down, at most every second (when listening was
+        meant to be there).
+        """
+        worker = self._worker
+        started = time.monotonic()
+        while not self._ending():
+            listening = wakeups is not None and wakeups.listening
+            interval = worker.poll_seconds
+            if wakeups is not None and not listening:
+                interval = min(interval, 1.0)
+            left = started + interval - time.monotonic()
+            if left <= 0:
+                return
+            if wakeups is None:
+                self._pause(min(left, WAIT_SLICE_SECONDS))
+            elif wakeups.wait(min(left, WAIT_SLICE_SECONDS)):
+                return

@@ -1,0 +1,173 @@
+"""run_forever's claimer: one statement for the free slots, never more runs held than threads,
+lost claim replies found again, and runs no thread will take released for retry."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import ConnectionPool
+
+from agent_runs import AgentRun, AgentRunRepository, RunStatus, create_pool
+from agent_runs.worker import AgentResult, RunContext, Worker
+from tests.helpers import new_run, wait_until
+
+Conn = psycopg.Connection[Any]
+THREADS = 3
+
+
+@pytest.fixture
+def pool(dsn: str) -> Iterator[ConnectionPool]:
+    with create_pool(dsn, min_size=2, max_size=THREADS + 3) as p:
+        yield p
+
+
+def _completed(run: AgentRun, ctx: RunContext) -> AgentResult:
+    return AgentResult.completed()
+
+
+def _count(observer: Conn, sql: str) -> int:
+    row = observer.execute(sql).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _facts(observer: Conn) -> set[tuple[Any, ...]]:
+    rows = observer.execute(
+        "SELECT r.status, count(a.id), min(a.outcome), max(a.attempt_no)"
+        " FROM agent_runs r JOIN agent_run_attempts a ON a.run_id = r.id GROUP BY r.id"
+    ).fetchall()
+    return set(rows)
+
+
+class Looping:
+    """`threads` threads in worker.run_forever, stopped (and joined) at exit."""
+
+    def __init__(self, worker: Worker, threads: int = THREADS) -> None:
+        self.stop = threading.Event()
+        self.threads = [
+            threading.Thread(target=worker.run_forever, args=(self.stop,)) for _ in range(threads)
+        ]
+
+    def __enter__(self) -> Looping:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(10)
+        assert not any(t.is_alive() for t in self.threads)
+
+
+def test_run_forever_holds_no_more_runs_than_threads_until_their_ends_commit(
+    pool: ConnectionPool,
+    repo: AgentRunRepository,
+    observer: Conn,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The threads do not wait for their ends to be written, but their slots do: with slow
+    finish statements, no more runs are running at once than there are threads."""
+    runs = [new_run(repo).id for _ in range(4 * THREADS)]
+    real = AgentRunRepository.finish_runs
+
+    def slow_finish(self: AgentRunRepository, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.3)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(AgentRunRepository, "finish_runs", slow_finish)
+    most = 0
+    with Worker(pool, _completed, lease_seconds=30, poll_seconds=0.05) as worker:
+        with Looping(worker):
+
+            def done() -> bool:
+                nonlocal most
+                running = "SELECT count(*) FROM agent_runs WHERE status = 'running'"
+                most = max(most, _count(observer, running))
+                finished = "SELECT count(*) FROM agent_runs WHERE finished_at IS NOT NULL"
+                return _count(observer, finished) == len(runs)
+
+            wait_until(done, timeout=60)
+        assert worker.flusher.items == len(runs)
+    assert 0 < most <= THREADS
+    assert _facts(observer) == {("completed", 1, "completed", 1)}
+
+
+def test_a_claim_whose_reply_is_lost_is_found_by_its_owner_tokens(
+    pool: ConnectionPool,
+    repo: AgentRunRepository,
+    observer: Conn,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runs = [new_run(repo).id for _ in range(THREADS)]
+    lost: list[str] = []
+    single, batch = AgentRunRepository.claim_next_attempt, AgentRunRepository.claim_next_attempts
+
+    def lose_the_first_reply(claimed: list[str]) -> None:
+        if not lost:
+            lost.extend(claimed)
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    def claim_one(self: AgentRunRepository, **kwargs: Any) -> Any:
+        claimed = single(self, **kwargs)
+        lose_the_first_reply([claimed.run.id] if claimed is not None else [])
+        return claimed
+
+    def claim_many(self: AgentRunRepository, **kwargs: Any) -> Any:
+        claimed = batch(self, **kwargs)
+        lose_the_first_reply([c.run.id for c in claimed])
+        return claimed
+
+    monkeypatch.setattr(AgentRunRepository, "claim_next_attempt", claim_one)
+    monkeypatch.setattr(AgentRunRepository, "claim_next_attempts", claim_many)
+    worker = Worker(pool, _completed, lease_seconds=30, poll_seconds=0.05)
+    with worker, Looping(worker):
+        finished = "SELECT count(*) FROM agent_runs WHERE status = 'completed'"
+        wait_until(lambda: _count(observer, finished) == len(runs), timeout=30)
+    assert lost and set(lost) <= set(runs)
+    # Each run found again and executed once: one attempt, completed, nothing expired.
+    assert _facts(observer) == {("completed", 1, "completed", 1)}
+
+
+def test_a_run_claimed_after_every_thread_left_is_released_for_retry(
+    pool: ConnectionPool,
+    repo: AgentRunRepository,
+    observer: Conn,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The claim statement is under way when the last run_forever thread stops: the run it
+    brings back is released at once, not left to expire as if its worker had died."""
+    run = new_run(repo)
+    sent = threading.Event()
+    go_on = threading.Event()
+    single = AgentRunRepository.claim_next_attempt
+
+    def claim_after_the_threads_left(self: AgentRunRepository, **kwargs: Any) -> Any:
+        sent.set()
+        assert go_on.wait(20)
+        return single(self, **kwargs)
+
+    monkeypatch.setattr(AgentRunRepository, "claim_next_attempt", claim_after_the_threads_left)
+    executed: list[str] = []
+
+    def agent(run: AgentRun, ctx: RunContext) -> AgentResult:
+        executed.append(run.id)
+        return AgentResult.completed()
+
+    with Worker(pool, agent, lease_seconds=30, poll_seconds=0.05) as worker:
+        with Looping(worker, threads=1):
+            assert sent.wait(10)
+        go_on.set()  # the thread has left: the claim now brings back a run nobody will take
+        # Released now, by the claimer (close() would release it too, later).
+        released = "SELECT count(*) FROM agent_run_attempts WHERE outcome = 'retry_released'"
+        wait_until(lambda: _count(observer, released) == 1, timeout=10)
+    assert executed == []
+    stored = repo.get_run(run.id)
+    assert stored is not None and stored.status == RunStatus.PENDING and stored.worker_id is None
+    (attempt,) = repo.list_run_attempts(run.id)
+    assert attempt.outcome == "retry_released" and attempt.finished_at is not None
