@@ -435,7 +435,7 @@ COMPLETIONS: Final = ("durable", "async")
 
 
 def completion(value: object) -> str:
-    """How a worker writes a run's end: `durable` (the thread waits for the commit) or `async`."""
+    """How a worker writes a run's end: `durable` (counted done once committed) or `async`."""
     if not isinstance(value, str) or value not in COMPLETIONS:
         raise InvalidArgument(f"completion must be 'durable' or 'async', got {_shown(value)}")
     return value

@@ -82,9 +82,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "--completion",
         choices=COMPLETIONS,
         default="durable",
-        help="durable (default): a run counts as done once its end committed; async: ends are "
-        "written in background batches, and a crash before a flush ends those runs through the "
-        "reconciler (failed, worker_lease_expired)",
+        help="durable (default): a thread's slot is claimed for again once its run's end "
+        "committed; async: once the end was handed to the writer thread, so more ends may wait "
+        "unwritten (a crash before they are written ends those runs through the reconciler: "
+        "failed, worker_lease_expired)",
     )
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
     p.set_defaults(func=cmd_worker)

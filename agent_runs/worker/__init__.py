@@ -2,7 +2,9 @@
 
 The package, one job per module: `protocol` (what an agent is and sees), `heartbeat` (leases
 held, renewed in batches, cancel requests seen), `outcome` (the decision, a pure function),
-`completer` (writing it with a proven lease), `runtime` (the Worker and its loops).
+`completer` (writing it with a proven lease), `claimer` (run_forever's claims, one statement for
+the free slots), `flusher` (the writer thread for handed-over ends), `batching` (run_once's group
+commit), `runtime` (the Worker and its loops).
 """
 
 from __future__ import annotations
