@@ -171,3 +171,23 @@ def test_a_run_claimed_after_every_thread_left_is_released_for_retry(
     assert stored is not None and stored.status == RunStatus.PENDING and stored.worker_id is None
     (attempt,) = repo.list_run_attempts(run.id)
     assert attempt.outcome == "retry_released" and attempt.finished_at is not None
+
+
+def test_run_forever_ends_when_its_pool_is_closed(dsn: str, repo: AgentRunRepository) -> None:
+    new_run(repo)
+    pool = create_pool(dsn, min_size=1, max_size=3)
+    worker = Worker(pool, _completed, lease_seconds=30, poll_seconds=0.05)
+    stop = threading.Event()  # never set: only the closed pool ends the threads
+    threads = [threading.Thread(target=worker.run_forever, args=(stop,)) for _ in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: worker.claimer.items == 1)
+        pool.close()
+        for thread in threads:
+            thread.join(10)
+        assert not any(t.is_alive() for t in threads)
+    finally:
+        stop.set()
+        worker.close()
+        pool.close()

@@ -66,6 +66,7 @@ class Claimer:
         self._ready: SimpleQueue[Claimed | None] = SimpleQueue()
         self._closed = False
         self._thread: threading.Thread | None = None
+        self.pool_closed = False  # the claimer ended because the pool was closed
         self.batches = 0  # claim statements, for tests and logs
         self.items = 0  # runs claimed
 
@@ -114,13 +115,18 @@ class Claimer:
             self._ready.put(None)
 
     def close(self) -> None:
-        """Stop the claimer thread; release what it claimed that no thread took."""
+        """Stop the claimer thread; release what it claimed that no thread took.
+
+        A claim whose reply was lost is looked for until its lease ends, so this waits for the
+        claimer at most that long (then leaves it, a daemon, to the process's exit)."""
         with self._changed:
             self._closed = True
             self._changed.notify_all()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join()
+            thread.join(self._worker.lease_seconds + self._worker.connection_timeout)
+            if thread.is_alive():
+                log.warning("the claimer did not end within a lease; leaving it")
         with self._changed:
             left = self._drain()
         self._worker.release_unstarted(left)
@@ -152,17 +158,16 @@ class Claimer:
                         break  # look at the reconciler now and then even when all are busy
                 if self._ending():
                     return
-                wanted = min(self._slots - self._held, check.MAX_BATCH)
-                if wanted > 0:
-                    self._held += wanted
-            worker.maybe_reconcile()
-            if wanted <= 0:
-                continue
+                wanted = max(0, min(self._slots - self._held, check.MAX_BATCH))
+                self._held += wanted
             try:
-                claimed = worker.claim_for_slots(wanted)
+                worker.maybe_reconcile()
+                claimed = worker.claim_for_slots(wanted) if wanted else []
             except PoolClosed:
                 self.give_back(wanted)
                 log.info("pool closed; the claimer ends")
+                self.pool_closed = True
+                self.interrupt()  # the threads' loops end too
                 return
             except BaseException as exc:
                 self.give_back(wanted)
@@ -177,6 +182,8 @@ class Claimer:
                     raise
                 self._pause(delay)
                 continue
+            if not wanted:
+                continue
             backoff.reset()
             self._deliver(claimed, wanted)
             if len(claimed) < wanted:  # nothing more is claimable now
@@ -186,12 +193,13 @@ class Claimer:
         return self._closed or self._worker.stopping
 
     def _deliver(self, claimed: list[Claimed], wanted: int) -> None:
-        """Queue the claimed runs for the threads; release them when no thread is left."""
+        """Queue the claimed runs for the threads; release them when no thread is left to take
+        them (or the worker stops)."""
         self.batches += 1
         self.items += len(claimed)
         with self._changed:
             self._held -= wanted - len(claimed)
-            orphaned = self._slots == 0 or self._closed
+            orphaned = self._slots == 0 or self._closed or self._worker.stopping
             if not orphaned:
                 for one in claimed:
                     self._ready.put(one)

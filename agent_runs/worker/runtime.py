@@ -197,6 +197,9 @@ class Worker:
         while not (stop.is_set() or self.stopping):
             claimed = self.claimer.take(WAIT_SLICE_SECONDS)
             if claimed is None:
+                if self.claimer.pool_closed:
+                    log.info("pool closed; worker loop ends")
+                    return
                 continue
             try:
                 self._run_claimed(claimed, stop)
