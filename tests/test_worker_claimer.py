@@ -191,3 +191,80 @@ def test_run_forever_ends_when_its_pool_is_closed(dsn: str, repo: AgentRunReposi
         stop.set()
         worker.close()
         pool.close()
+
+
+def test_run_forever_returns_once_the_ends_it_handed_over_are_written(
+    pool: ConnectionPool,
+    repo: AgentRunRepository,
+    observer: Conn,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Durable: a caller that stops its thread and closes its pool loses no end."""
+    run = new_run(repo)
+    real = AgentRunRepository.finish_runs
+
+    def slow_finish(self: AgentRunRepository, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.5)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(AgentRunRepository, "finish_runs", slow_finish)
+    executed = threading.Event()
+
+    def agent(run: AgentRun, ctx: RunContext) -> AgentResult:
+        executed.set()
+        return AgentResult.completed()
+
+    worker = Worker(pool, agent, lease_seconds=30, poll_seconds=0.05)
+    try:
+        with Looping(worker, threads=1) as looping:
+            assert executed.wait(10)
+            looping.stop.set()
+            looping.threads[0].join(10)
+            # Returned: the end is written, not still waiting for the writer thread.
+            stored = repo.get_run(run.id)
+            assert stored is not None and stored.status == RunStatus.COMPLETED
+    finally:
+        worker.close()
+    assert _facts(observer) == {("completed", 1, "completed", 1)}
+
+
+def test_a_thread_whose_stop_is_set_gets_no_more_runs(
+    pool: ConnectionPool, repo: AgentRunRepository, observer: Conn
+) -> None:
+    """Its slot is not claimed for while it is still on its way out: no attempt is spent on a
+    run it would only give back."""
+    worker = Worker(pool, _completed, lease_seconds=30, poll_seconds=0.05)
+    try:
+        stop = threading.Event()
+        thread = threading.Thread(target=worker.run_forever, args=(stop,))
+        thread.start()
+        wait_until(lambda: worker.claimer.batches >= 2)  # it polled and found nothing
+        stop.set()
+        run = new_run(repo)  # claimable while the thread is still leaving
+        polled = worker.claimer.batches
+        thread.join(10)
+        assert not thread.is_alive()
+    finally:
+        worker.close()
+    stored = repo.get_run(run.id)
+    assert stored is not None and stored.status == RunStatus.PENDING
+    assert repo.list_run_attempts(run.id) == []
+    assert worker.claimer.batches == polled
+
+
+def test_the_claimer_thread_ends_when_no_run_forever_thread_is_left(
+    pool: ConnectionPool, repo: AgentRunRepository
+) -> None:
+    run = new_run(repo)
+
+    def claimers() -> int:
+        return sum(t.name == "agent-runs-claimer" for t in threading.enumerate())
+
+    with Worker(pool, _completed, lease_seconds=30, poll_seconds=0.05) as worker:
+        with Looping(worker, threads=2):
+            wait_until(lambda: repo.get_run(run.id).status == RunStatus.COMPLETED)  # type: ignore[union-attr]
+            assert claimers() == 1
+        wait_until(lambda: claimers() == 0)
+        again = new_run(repo)  # a new run_forever thread starts a claimer again
+        with Looping(worker, threads=1):
+            wait_until(lambda: repo.get_run(again.id).status == RunStatus.COMPLETED)  # type: ignore[union-attr]

@@ -61,7 +61,7 @@ class Claimer:
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
         self._changed = threading.Condition()
-        self._slots = 0  # run_forever threads
+        self._stops: list[threading.Event] = []  # each run_forever thread's stop event
         self._held = 0  # slots taken by a claim (sent, queued, executing, or its end unwritten)
         self._ready: SimpleQueue[Claimed | None] = SimpleQueue()
         self._closed = False
@@ -72,10 +72,11 @@ class Claimer:
 
     # -- the run_forever threads -----------------------------------------------------------
 
-    def join(self) -> None:
-        """A run_forever thread adds its slot (the first one starts the claimer thread)."""
+    def join(self, stop: threading.Event) -> None:
+        """A run_forever thread adds its slot, free while `stop` is not set (the first one
+        starts the claimer thread)."""
         with self._changed:
-            self._slots += 1
+            self._stops.append(stop)
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(
                     target=self._loop, name="agent-runs-claimer", daemon=True
@@ -83,14 +84,19 @@ class Claimer:
                 self._thread.start()
             self._changed.notify_all()
 
-    def leave(self) -> list[Claimed]:
-        """A run_forever thread takes its slot away; the last one gets the claimed runs that no
-        thread will take now (the caller releases them)."""
+    def leave(self, stop: threading.Event) -> list[Claimed]:
+        """A run_forever thread takes its slot away; the last one, or any once the worker
+        stops, gets the claimed runs that no thread will take now (the caller releases them)."""
         with self._changed:
-            self._slots -= 1
-            left = self._drain() if self._slots == 0 else []
+            self._stops.remove(stop)
+            left = self._drain() if not self._stops or self._worker.stopping else []
             self._changed.notify_all()
         return left
+
+    def put_back(self, claimed: Claimed) -> None:
+        """A run taken by a thread that stops (alone) before it started it: for another one."""
+        with self._changed:
+            self._ready.put(claimed)
 
     def take(self, timeout: float) -> Claimed | None:
         """The next claimed run, or None after `timeout` (or when woken to look at a stop)."""
@@ -109,7 +115,7 @@ class Claimer:
     def interrupt(self) -> None:
         """Wake every thread waiting for a run (the worker stops)."""
         with self._changed:
-            waiting = self._slots
+            waiting = len(self._stops)
             self._changed.notify_all()
         for _ in range(waiting):
             self._ready.put(None)
@@ -152,13 +158,16 @@ class Claimer:
         backoff = Backoff()
         while True:
             with self._changed:
-                while not self._ending() and self._slots - self._held <= 0:
+                if not self._stops and not self._ready.qsize():
+                    self._thread = None  # no thread to claim for: the next join starts again
+                    return
+                while not self._ending() and self._free() <= 0:
                     self._changed.wait(WAIT_SLICE_SECONDS)
                     if not self._ending():
                         break  # look at the reconciler now and then even when all are busy
                 if self._ending():
                     return
-                wanted = max(0, min(self._slots - self._held, check.MAX_BATCH))
+                wanted = max(0, min(self._free(), check.MAX_BATCH))
                 self._held += wanted
             try:
                 worker.maybe_reconcile()
@@ -189,6 +198,11 @@ class Claimer:
             if len(claimed) < wanted:  # nothing more is claimable now
                 self._idle(wakeups)
 
+    def _free(self) -> int:
+        """Slots of threads that go on, less those taken (the caller holds the lock): a thread
+        whose stop event is set gets no more runs."""
+        return sum(not stop.is_set() for stop in self._stops) - self._held
+
     def _ending(self) -> bool:
         return self._closed or self._worker.stopping
 
@@ -199,7 +213,7 @@ class Claimer:
         self.items += len(claimed)
         with self._changed:
             self._held -= wanted - len(claimed)
-            orphaned = self._slots == 0 or self._closed or self._worker.stopping
+            orphaned = not self._stops or self._closed or self._worker.stopping
             if not orphaned:
                 for one in claimed:
                     self._ready.put(one)

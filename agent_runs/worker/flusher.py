@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import psycopg
 
 from agent_runs.errors import DB_ERRORS
 from agent_runs.models import AgentRun, Finish
@@ -64,6 +67,7 @@ class Flusher:
         self._changed = threading.Condition()
         self._queue: list[_Handed] = []
         self._writing = 0  # handed items taken by the thread and not yet written
+        self._unwritten: set[int] = set()  # id() of each lease handed over and not yet written
         self._closing = False
         self._thread: threading.Thread | None = None
         self.batches = 0
@@ -85,6 +89,7 @@ class Flusher:
                 self._thread.start()
             lease.finishing = True
             lease.written_later = True
+            self._unwritten.add(id(lease))
             self._queue.append(handed)
             self._changed.notify_all()
             return True
@@ -94,6 +99,18 @@ class Flusher:
         """Decisions handed over and not yet written."""
         with self._changed:
             return len(self._queue) + self._writing
+
+    def wait_written(self, lease: Lease, timeout: float) -> bool:
+        """Wait until the end handed over with `lease` is written (or given up); False if
+        `timeout` passed first."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while id(lease) in self._unwritten:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+        return True
 
     def close(self, timeout: float | None = None) -> None:
         """Write everything handed over, then stop the thread."""
@@ -125,6 +142,7 @@ class Flusher:
                 if self._on_written is not None:
                     self._on_written(len(batch))
                 with self._changed:
+                    self._unwritten.difference_update(id(handed.lease) for handed in batch)
                     self._writing = 0
                     self.batches += 1
                     self.items += len(batch)
@@ -138,10 +156,14 @@ class Flusher:
         except DB_ERRORS as exc:
             log.warning("could not write %d end(s) in a batch (%s)", len(batch), one_line(exc))
             finished, in_doubt = [None] * len(batch), True
+        except psycopg.Error as exc:  # the server refused the statement: nothing was written
+            log.warning("the batch of %d end(s) was refused (%s)", len(batch), one_line(exc))
+            finished = [None] * len(batch)
         for handed, finished_at in zip(batch, finished, strict=True):
             if finished_at is not None:
                 log.info("%s: %s (written)", handed.tag, handed.decision.status)
-            else:  # refused or in doubt: one run at a time, where it is explained or confirmed
+                continue
+            try:  # refused or in doubt: one run at a time, where it is explained or confirmed
                 self._completer.finish(
                     handed.run,
                     handed.lease,
@@ -150,3 +172,5 @@ class Flusher:
                     batched=False,
                     in_doubt=in_doubt,
                 )
+            except Exception:  # one run's failure must not cost the others theirs
+                log.exception("%s: could not write %s", handed.tag, handed.decision.status)

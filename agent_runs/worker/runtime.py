@@ -183,16 +183,23 @@ class Worker:
         claims for every free slot at once, waits for a wake-up (when listening) or the poll
         interval while nothing is claimable, and reconciles expired leases every
         lease_seconds/2. The thread hands each run's end to the writer thread and takes the
-        next run; its slot is claimed for again once that end committed. Database failures are
-        logged and retried with capped exponential back-off; they never end the loop.
+        next run; its slot is claimed for again once that end committed. With durable
+        completion it returns only once the ends it handed over are written (or given up).
+        Database failures are logged and retried with capped exponential back-off; they never
+        end the loop.
         """
-        self.claimer.join()
+        self.claimer.join(stop)
+        handed: list[Lease] = []  # the last run whose end this thread handed over
         try:
-            self._execute_claimed(stop)
+            self._execute_claimed(stop, handed)
         finally:
-            self.release_unstarted(self.claimer.leave())
+            self.release_unstarted(self.claimer.leave(stop))
+            if handed and self.completion == "durable":
+                self.flusher.wait_written(
+                    handed[0], timeout=self.lease_seconds + self.connection_timeout
+                )
 
-    def _execute_claimed(self, stop: threading.Event) -> None:
+    def _execute_claimed(self, stop: threading.Event, handed: list[Lease]) -> None:
         backoff = Backoff()
         while not (stop.is_set() or self.stopping):
             claimed = self.claimer.take(WAIT_SLICE_SECONDS)
@@ -201,8 +208,13 @@ class Worker:
                     log.info("pool closed; worker loop ends")
                     return
                 continue
+            if stop.is_set() and not self.stopping:
+                # Only this thread stops: the run is for a thread that goes on (or, when none
+                # is left, released as it leaves), and spends no attempt here.
+                self.claimer.put_back(claimed)
+                return
             try:
-                self._run_claimed(claimed, stop)
+                self._run_claimed(claimed, stop, handed)
             except PoolClosed:
                 log.info("pool closed; worker loop ends")
                 return
@@ -220,11 +232,13 @@ class Worker:
                 continue
             backoff.reset()
 
-    def _run_claimed(self, claimed: Claimed, stop: threading.Event) -> None:
+    def _run_claimed(self, claimed: Claimed, stop: threading.Event, handed: list[Lease]) -> None:
         lease = claimed.lease
         try:
             self._execute(claimed.run, lease, stop, claimed.attempt_no, hand_over=True)
         finally:
+            if lease.written_later:
+                handed[:] = [lease]
             if not lease.written_later:
                 self.heartbeat.untrack(lease)
                 self.claimer.give_back()
@@ -272,6 +286,8 @@ class Worker:
         try:
             with self.repository() as repo:
                 converged = repo.reconcile_expired_leases()
+        except PoolClosed:
+            raise  # the caller's loop ends
         except DB_ERRORS as exc:
             log.warning("reconcile skipped: %s", one_line(exc))
             return []
@@ -409,7 +425,15 @@ class Worker:
             return self.completer.finish(run, lease, CANCELLED, tag)
 
         ctx = RunContext(self, run, lease, attempt_no, stop)
-        if ctx.stop_reason() == "shutdown":  # stopped between the claim and the start
+        # What happened between the claim and the start (a claimed run may wait for a thread).
+        before_start = ctx.stop_reason()
+        if before_start == "cancel_requested":
+            log.info("%s: cancel requested before the agent started; finishing cancelled", tag)
+            return self.completer.finish(run, lease, CANCELLED, tag)
+        if before_start == "lease_lost":
+            log.warning("%s: lease lost before the agent started; writing nothing", tag)
+            return self.completer.reread(run)
+        if before_start == "shutdown":
             log.info("%s: shutting down before the agent started; releasing", tag)
             return self.completer.finish(run, lease, RELEASE, tag)
         log.debug("%s: started (agent slug %s)", tag, run.agent_slug)
