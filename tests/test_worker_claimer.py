@@ -268,3 +268,41 @@ def test_the_claimer_thread_ends_when_no_run_forever_thread_is_left(
         again = new_run(repo)  # a new run_forever thread starts a claimer again
         with Looping(worker, threads=1):
             wait_until(lambda: repo.get_run(again.id).status == RunStatus.COMPLETED)  # type: ignore[union-attr]
+
+
+def test_a_thread_stopping_while_it_executes_leaves_the_others_their_runs(
+    pool: ConnectionPool, repo: AgentRunRepository
+) -> None:
+    """Scaling down by one thread while it runs a long agent: the threads that go on still
+    get new runs at once."""
+    release = threading.Event()
+    long_run = new_run(repo, input_payload={"long": True})
+
+    def agent(run: AgentRun, ctx: RunContext) -> AgentResult:
+        if (run.input_payload or {}).get("long"):
+            assert release.wait(30)  # ignores should_stop, like a long model call
+        return AgentResult.completed()
+
+    def status(run_id: str) -> RunStatus | None:
+        stored = repo.get_run(run_id)
+        return None if stored is None else stored.status
+
+    worker = Worker(pool, agent, lease_seconds=30, poll_seconds=0.05)
+    stops = [threading.Event(), threading.Event()]
+    threads = [threading.Thread(target=worker.run_forever, args=(stop,)) for stop in stops]
+    try:
+        threads[0].start()
+        wait_until(lambda: status(long_run.id) == RunStatus.RUNNING)
+        threads[1].start()
+        stops[0].set()  # the first thread leaves once its long run is done
+        other = new_run(repo)
+        wait_until(lambda: status(other.id) == RunStatus.COMPLETED)
+        assert status(long_run.id) == RunStatus.RUNNING
+    finally:
+        release.set()
+        for stop in stops:
+            stop.set()
+        for thread in threads:
+            thread.join(10)
+        worker.close()
+    assert status(long_run.id) == RunStatus.COMPLETED

@@ -128,8 +128,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("%s: stop claiming; asking running agents to stop", signal.Signals(signum).name)
+        worker.request_stop()  # first: a thread that sees `stop` sees the worker stopping too
         stop.set()
-        worker.request_stop()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -162,7 +162,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     for thread in threads:
         thread.join(timeout=max(0.0, deadline - time.monotonic()))
     if any(t.is_alive() for t in threads):
-        log.warning("an agent ignored the stop request for a whole lease; exiting anyway")
+        log.warning(
+            "a thread did not end within a lease (an agent ignored the stop request, or ends "
+            "could not be written); exiting anyway"
+        )
         logging.shutdown()
         os._exit(worker.exit_code)  # the abandoned run's lease expires; the reconciler converges it
     worker.close()

@@ -46,6 +46,20 @@ log = logging.getLogger("agent_runs.worker")
 WAIT_SLICE_SECONDS = 1.0
 
 
+class Slot:
+    """One run_forever thread: its stop event, and whether it is executing a run now."""
+
+    __slots__ = ("busy", "stop")
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.busy = False
+
+    def goes_on(self) -> bool:
+        """Its thread takes more runs (its stop is not set)."""
+        return not self.stop.is_set()
+
+
 @dataclass(frozen=True, slots=True)
 class Claimed:
     """A run claimed for a slot, waiting for a thread to execute it."""
@@ -61,7 +75,7 @@ class Claimer:
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
         self._changed = threading.Condition()
-        self._stops: list[threading.Event] = []  # each run_forever thread's stop event
+        self._slots: list[Slot] = []  # one per run_forever thread
         self._held = 0  # slots taken by a claim (sent, queued, executing, or its end unwritten)
         self._ready: SimpleQueue[Claimed | None] = SimpleQueue()
         self._closed = False
@@ -72,31 +86,39 @@ class Claimer:
 
     # -- the run_forever threads -----------------------------------------------------------
 
-    def join(self, stop: threading.Event) -> None:
-        """A run_forever thread adds its slot, free while `stop` is not set (the first one
-        starts the claimer thread)."""
+    def join(self, stop: threading.Event) -> Slot:
+        """A run_forever thread adds its slot, claimed for while `stop` is not set (the first
+        one starts the claimer thread)."""
+        slot = Slot(stop)
         with self._changed:
-            self._stops.append(stop)
+            self._slots.append(slot)
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(
                     target=self._loop, name="agent-runs-claimer", daemon=True
                 )
                 self._thread.start()
             self._changed.notify_all()
+        return slot
 
-    def leave(self, stop: threading.Event) -> list[Claimed]:
-        """A run_forever thread takes its slot away; the last one, or any once the worker
-        stops, gets the claimed runs that no thread will take now (the caller releases them)."""
+    def leave(self, slot: Slot) -> list[Claimed]:
+        """A run_forever thread takes its slot away. Once no thread that goes on is left (or
+        the worker stops), it gets the claimed runs that no thread will take now (the caller
+        releases them)."""
         with self._changed:
-            self._stops.remove(stop)
-            left = self._drain() if not self._stops or self._worker.stopping else []
+            self._slots.remove(slot)
+            going_on = any(other.goes_on() for other in self._slots)
+            left = self._drain() if not going_on or self._worker.stopping else []
             self._changed.notify_all()
         return left
 
-    def put_back(self, claimed: Claimed) -> None:
-        """A run taken by a thread that stops (alone) before it started it: for another one."""
+    def put_back(self, claimed: Claimed) -> bool:
+        """A run taken by a thread that stops (alone) before it started it: queued again for an
+        idle thread that goes on; False when there is none (the caller releases it)."""
         with self._changed:
+            if not any(other.goes_on() and not other.busy for other in self._slots):
+                return False
             self._ready.put(claimed)
+            return True
 
     def take(self, timeout: float) -> Claimed | None:
         """The next claimed run, or None after `timeout` (or when woken to look at a stop)."""
@@ -115,7 +137,7 @@ class Claimer:
     def interrupt(self) -> None:
         """Wake every thread waiting for a run (the worker stops)."""
         with self._changed:
-            waiting = len(self._stops)
+            waiting = len(self._slots)
             self._changed.notify_all()
         for _ in range(waiting):
             self._ready.put(None)
@@ -158,7 +180,7 @@ class Claimer:
         backoff = Backoff()
         while True:
             with self._changed:
-                if not self._stops and not self._ready.qsize():
+                if not self._slots and not self._ready.qsize():
                     self._thread = None  # no thread to claim for: the next join starts again
                     return
                 while not self._ending() and self._free() <= 0:
@@ -199,9 +221,9 @@ class Claimer:
                 self._idle(wakeups)
 
     def _free(self) -> int:
-        """Slots of threads that go on, less those taken (the caller holds the lock): a thread
-        whose stop event is set gets no more runs."""
-        return sum(not stop.is_set() for stop in self._stops) - self._held
+        """Slots not taken (the caller holds the lock). A thread whose stop event is set gets no
+        more runs: its slot counts only while the run it executes holds it."""
+        return sum(slot.busy or slot.goes_on() for slot in self._slots) - self._held
 
     def _ending(self) -> bool:
         return self._closed or self._worker.stopping
@@ -213,7 +235,8 @@ class Claimer:
         self.items += len(claimed)
         with self._changed:
             self._held -= wanted - len(claimed)
-            orphaned = not self._stops or self._closed or self._worker.stopping
+            going_on = any(slot.goes_on() for slot in self._slots)
+            orphaned = not going_on or self._closed or self._worker.stopping
             if not orphaned:
                 for one in claimed:
                     self._ready.put(one)

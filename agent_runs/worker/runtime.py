@@ -36,7 +36,7 @@ from agent_runs.models import AgentRun, ClaimedRun, RunStatus
 from agent_runs.notify import Wakeups
 from agent_runs.repository import AgentRunRepository
 from agent_runs.worker.batching import GroupCommit
-from agent_runs.worker.claimer import WAIT_SLICE_SECONDS, Claimed, Claimer
+from agent_runs.worker.claimer import WAIT_SLICE_SECONDS, Claimed, Claimer, Slot
 from agent_runs.worker.completer import Completer, run_as_written
 from agent_runs.worker.connection import connection
 from agent_runs.worker.flusher import Flusher
@@ -188,18 +188,19 @@ class Worker:
         Database failures are logged and retried with capped exponential back-off; they never
         end the loop.
         """
-        self.claimer.join(stop)
+        slot = self.claimer.join(stop)
         handed: list[Lease] = []  # the last run whose end this thread handed over
         try:
-            self._execute_claimed(stop, handed)
+            self._execute_claimed(slot, handed)
         finally:
-            self.release_unstarted(self.claimer.leave(stop))
+            self.release_unstarted(self.claimer.leave(slot))
             if handed and self.completion == "durable":
                 self.flusher.wait_written(
                     handed[0], timeout=self.lease_seconds + self.connection_timeout
                 )
 
-    def _execute_claimed(self, stop: threading.Event, handed: list[Lease]) -> None:
+    def _execute_claimed(self, slot: Slot, handed: list[Lease]) -> None:
+        stop = slot.stop
         backoff = Backoff()
         while not (stop.is_set() or self.stopping):
             claimed = self.claimer.take(WAIT_SLICE_SECONDS)
@@ -209,10 +210,12 @@ class Worker:
                     return
                 continue
             if stop.is_set() and not self.stopping:
-                # Only this thread stops: the run is for a thread that goes on (or, when none
-                # is left, released as it leaves), and spends no attempt here.
-                self.claimer.put_back(claimed)
+                # Only this thread stops: the run is for an idle thread that goes on, or
+                # released unstarted; either way it spends no attempt here.
+                if not self.claimer.put_back(claimed):
+                    self.release_unstarted([claimed])
                 return
+            slot.busy = True
             try:
                 self._run_claimed(claimed, stop, handed)
             except PoolClosed:
@@ -230,6 +233,8 @@ class Worker:
                 log.exception("worker loop error; retrying in %.1fs", delay)
                 stop.wait(delay)
                 continue
+            finally:
+                slot.busy = False
             backoff.reset()
 
     def _run_claimed(self, claimed: Claimed, stop: threading.Event, handed: list[Lease]) -> None:
@@ -258,6 +263,8 @@ class Worker:
             log.info("%s: no thread left to execute it; releasing", tag)
             try:
                 self.completer.finish(one.run, one.lease, RELEASE, tag)
+            except Exception:  # the others are still released; this one's lease expires
+                log.exception("%s: could not release it", tag)
             finally:
                 self.heartbeat.untrack(one.lease)
                 self.claimer.give_back()
