@@ -44,6 +44,17 @@ def _facts(observer: Conn) -> set[tuple[Any, ...]]:
     return set(rows)
 
 
+def _slow_finishes(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Every finish_runs statement waits `seconds` before it is sent."""
+    real = AgentRunRepository.finish_runs
+
+    def slow_finish(self: AgentRunRepository, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(AgentRunRepository, "finish_runs", slow_finish)
+
+
 class Looping:
     """`threads` threads in worker.run_forever, stopped (and joined) at exit."""
 
@@ -74,13 +85,7 @@ def test_run_forever_holds_no_more_runs_than_threads_until_their_ends_commit(
     """The threads do not wait for their ends to be written, but their slots do: with slow
     finish statements, no more runs are running at once than there are threads."""
     runs = [new_run(repo).id for _ in range(4 * THREADS)]
-    real = AgentRunRepository.finish_runs
-
-    def slow_finish(self: AgentRunRepository, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(0.3)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(AgentRunRepository, "finish_runs", slow_finish)
+    _slow_finishes(monkeypatch, 0.3)
     most = 0
     with Worker(pool, _completed, lease_seconds=30, poll_seconds=0.05) as worker:
         with Looping(worker):
@@ -201,13 +206,7 @@ def test_run_forever_returns_once_the_ends_it_handed_over_are_written(
 ) -> None:
     """Durable: a caller that stops its thread and closes its pool loses no end."""
     run = new_run(repo)
-    real = AgentRunRepository.finish_runs
-
-    def slow_finish(self: AgentRunRepository, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(0.5)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(AgentRunRepository, "finish_runs", slow_finish)
+    _slow_finishes(monkeypatch, 0.5)
     executed = threading.Event()
 
     def agent(run: AgentRun, ctx: RunContext) -> AgentResult:

@@ -106,8 +106,7 @@ class Claimer:
         releases them)."""
         with self._changed:
             self._slots.remove(slot)
-            going_on = any(other.goes_on() for other in self._slots)
-            left = self._drain() if not going_on or self._worker.stopping else []
+            left = self._drain() if self._nobody_takes_runs() else []
             self._changed.notify_all()
         return left
 
@@ -225,6 +224,11 @@ class Claimer:
         more runs: its slot counts only while the run it executes holds it."""
         return sum(slot.busy or slot.goes_on() for slot in self._slots) - self._held
 
+    def _nobody_takes_runs(self) -> bool:
+        """No thread will take a queued run: none goes on, or the claimer or the worker stops
+        (the caller holds the lock)."""
+        return self._ending() or not any(slot.goes_on() for slot in self._slots)
+
     def _ending(self) -> bool:
         return self._closed or self._worker.stopping
 
@@ -235,8 +239,7 @@ class Claimer:
         self.items += len(claimed)
         with self._changed:
             self._held -= wanted - len(claimed)
-            going_on = any(slot.goes_on() for slot in self._slots)
-            orphaned = not going_on or self._closed or self._worker.stopping
+            orphaned = self._nobody_takes_runs()
             if not orphaned:
                 for one in claimed:
                     self._ready.put(one)

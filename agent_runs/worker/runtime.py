@@ -242,13 +242,13 @@ class Worker:
         try:
             self._execute(claimed.run, lease, stop, claimed.attempt_no, hand_over=True)
         finally:
-            if lease.written_later:
-                handed[:] = [lease]
             if not lease.written_later:
                 self.heartbeat.untrack(lease)
                 self.claimer.give_back()
-            elif self.completion == "async":
-                self.claimer.give_back()  # done once handed over; durable: once written
+            else:
+                handed[:] = [lease]
+                if self.completion == "async":
+                    self.claimer.give_back()  # done once handed over; durable: once written
 
     def _written(self, count: int) -> None:
         """The writer wrote (or gave up) `count` run_forever threads' ends: their slots come
@@ -322,15 +322,12 @@ class Worker:
         except _ClaimNotSent as exc:  # no connection: nothing was claimed
             raise exc.error from None
         except DB_ERRORS:
-            # The claim may have committed although its reply was lost: find it by our token
-            # while its lease can still be live, rather than leave it to expire unexecuted.
-            run = self._find_claim_in_doubt(token, deadline=claimed_at + self.lease_seconds)
+            run = self._find_claim_in_doubt(token, claimed_at)
             if run is None:
                 raise
-            log.warning("run %s: claim reply was lost; found it by its owner token", run.id)
         if run is None:
             return None
-        lease = self.heartbeat.track(run.id, token, deadline=claimed_at + self.lease_seconds)
+        lease = self._track(run, token, claimed_at)
         try:
             return self._execute(run, lease, stop, attempt_no, hand_over=self.completion == "async")
         finally:
@@ -349,12 +346,11 @@ class Worker:
         except _ClaimNotSent as exc:
             raise exc.error from None
         except DB_ERRORS:
-            found = []
-            for token in tokens:
-                run = self._find_claim_in_doubt(token, deadline=claimed_at + self.lease_seconds)
-                if run is not None:
-                    log.warning("run %s: claim reply was lost; found it by its owner token", run.id)
-                    found.append((token, run))
+            found = [
+                (token, run)
+                for token in tokens
+                if (run := self._find_claim_in_doubt(token, claimed_at)) is not None
+            ]
             if not found:
                 raise
             return [Claimed(run, self._track(run, token, claimed_at), None) for token, run in found]
@@ -392,14 +388,21 @@ class Worker:
         by_owner = {c.run.worker_id: c for c in claimed}
         return [(by_owner.get(token), sent_at) for token in tokens]
 
-    def _find_claim_in_doubt(self, token: str, *, deadline: float) -> AgentRun | None:
+    def _find_claim_in_doubt(self, token: str, claimed_at: float) -> AgentRun | None:
+        """A claim whose reply was lost may have committed: find it by its owner token while
+        its lease can still be live, rather than leave it to expire unexecuted."""
+        deadline = claimed_at + self.lease_seconds
         backoff = Backoff(cap=max(0.2, self.heartbeat_seconds))
         while time.monotonic() < deadline:
             try:
                 with self.repository() as repo:
-                    return repo.get_run_by_owner(token)
+                    run = repo.get_run_by_owner(token)
             except DB_ERRORS:
                 time.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
+                continue
+            if run is not None:
+                log.warning("run %s: claim reply was lost; found it by its owner token", run.id)
+            return run
         return None
 
     # -- one run ---------------------------------------------------------------------------
