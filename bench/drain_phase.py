@@ -44,7 +44,7 @@ from psycopg import sql
 import agent_runs
 from agent_runs import AgentRun
 from agent_runs.worker import AgentResult, RunContext
-from bench import seed
+from bench import cpu, seed
 from bench.report import fmt, median, table
 
 CONCURRENCY: Final = 16
@@ -157,6 +157,8 @@ def _summary(
             "settings": q.settings,
             "runs_per_second": median([r["runs_per_second"] for r in q.repetitions]),
             "polled_runs_per_second": median([r["polled_runs_per_second"] for r in q.repetitions]),
+            "server_cpu_us_per_job": _median_known(q.repetitions, "server_cpu_us_per_job"),
+            "worker_cpu_us_per_job": _median_known(q.repetitions, "worker_cpu_us_per_job"),
             "repetitions": q.repetitions,
         }
         for q in queues
@@ -195,6 +197,11 @@ def _summary(
     }
 
 
+def _median_known(repetitions: list[dict[str, Any]], key: str) -> float | None:
+    known = [r[key] for r in repetitions if r.get(key) is not None]
+    return median(known) if known else None
+
+
 def render_phase(result: dict[str, Any]) -> list[str]:
     """The phase's lines for the bench report."""
     queues = result.get("queues")
@@ -205,18 +212,34 @@ def render_phase(result: dict[str, Any]) -> list[str]:
             q["label"],
             fmt(q["runs_per_second"]),
             fmt(q["polled_runs_per_second"]),
+            _us(q.get("server_cpu_us_per_job")),
+            _us(q.get("worker_cpu_us_per_job")),
             ", ".join(fmt(r["runs_per_second"]) for r in q["repetitions"]),
             q["settings"],
         ]
         for q in queues.values()
     ]
-    rows += [[LABELS[name], "-", "-", "", why] for name, why in result.get("skipped", {}).items()]
+    skipped = result.get("skipped", {}).items()
+    rows += [[LABELS[name], "-", "-", "-", "-", "", why] for name, why in skipped]
     ratios = result.get("ratios", {})
     reps = max(len(q["repetitions"]) for q in queues.values())
     lines = [
         f"Drain: one idle worker process per queue, {result['runs']:,} jobs enqueued at once, "
         f"queues in turns (median of {reps}):",
-        table(["queue", "jobs/s (db clock)", "jobs/s (polled)", "repetitions", "settings"], rows),
+        table(
+            [
+                "queue",
+                "jobs/s (db clock)",
+                "jobs/s (polled)",
+                "server CPU µs/job",
+                "worker CPU µs/job",
+                "repetitions",
+                "settings",
+            ],
+            rows,
+        ),
+        "  CPU per job: /proc of the worker process, and of its connections' backends (not of the"
+        " enqueue, nor of this phase's own observing connection); '-' where not readable",
     ]
     for key, label in (
         ("durable_over_pgqueuer", "agent-runs (durable) ÷ PgQueuer"),
@@ -226,7 +249,21 @@ def render_phase(result: dict[str, Any]) -> list[str]:
             each = result.get("ratios_per_repetition", {}).get(key, [])
             by_rep = f" (by repetition: {', '.join(fmt(r, 'x') for r in each)})" if each else ""
             lines.append(f"  {label}: {fmt(ratios[key], 'x')}{by_rep}")
+    pgqueuer_cpu = queues.get("pgqueuer", {}).get("server_cpu_us_per_job")
+    for key, label in (
+        ("agent_runs_durable", "agent-runs (durable)"),
+        ("agent_runs_async", "agent-runs (async)"),
+    ):
+        ours_cpu = queues.get(key, {}).get("server_cpu_us_per_job")
+        if ours_cpu and pgqueuer_cpu:
+            lines.append(
+                f"  server CPU per job, {label} ÷ PgQueuer: {fmt(ours_cpu / pgqueuer_cpu, 'x')}"
+            )
     return lines
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 # -- the queues -----------------------------------------------------------------------------
@@ -326,10 +363,12 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def _turn(queue: Queue, sizes: _Sizes) -> dict[str, Any]:
-    with agent_runs.connect(queue.url) as conn, _process(queue.command, queue.env):
+    with agent_runs.connect(queue.url) as conn, _process(queue.command, queue.env) as worker:
         _await_ready(conn, queue.ready_sql)
         time.sleep(sizes.settle)  # past its first empty fetch: idle and ready
-        return _drain(conn, queue, sizes.runs)
+        before = _cpu(conn, worker.pid)
+        drained = _drain(conn, queue, sizes.runs)
+        return {**drained, **_cpu_per_job(before, _cpu(conn, worker.pid), sizes.runs)}
 
 
 @contextlib.contextmanager
@@ -382,6 +421,35 @@ def _await_ready(conn: Conn, ready_sql: LiteralString) -> None:
             return
         time.sleep(POLL_SECONDS)
     raise RuntimeError("the worker was not ready (listening) within 30 s")
+
+
+@dataclass(frozen=True)
+class _Cpu:
+    """Clock ticks of the worker process and of its backends (by PID); None where unreadable."""
+
+    worker: int | None
+    backends: dict[int, int] | None
+
+
+def _cpu(conn: Conn, worker_pid: int) -> _Cpu:
+    return _Cpu(cpu.process_ticks(worker_pid), cpu.database_backend_ticks(conn))
+
+
+def _cpu_per_job(before: _Cpu, after: _Cpu, jobs: int) -> dict[str, float | None]:
+    """CPU µs per job of the worker process and of the database's other backends (the worker's
+    connections: this phase's own observing one is left out; a backend that connected during
+    the drain counts whole)."""
+
+    def per_job(ticks: int) -> float:
+        return ticks / cpu.TICKS_PER_SECOND * 1e6 / jobs
+
+    server = None
+    if before.backends is not None and after.backends is not None:
+        server = per_job(sum(t - before.backends.get(pid, 0) for pid, t in after.backends.items()))
+    worker = None
+    if before.worker is not None and after.worker is not None:
+        worker = per_job(after.worker - before.worker)
+    return {"server_cpu_us_per_job": server, "worker_cpu_us_per_job": worker}
 
 
 def _scalar(conn: Conn, query: LiteralString) -> Any:

@@ -18,13 +18,13 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final, LiteralString
 
 import psycopg
 
 import agent_runs
 from agent_runs import AgentRunRepository
+from bench.cpu import TICKS_PER_SECOND, backend_ticks
 from bench.pgstats import wal_bytes_since, wal_lsn
 from bench.report import fmt, table
 
@@ -233,7 +233,7 @@ class _Crew:
     def measure(self, seconds: float, observer: psycopg.Connection[Any], statements: bool) -> None:
         """One slice of `seconds`, with the counters read around it."""
         totals = self.totals
-        ticks_before = _backend_ticks(observer, self.pids)
+        ticks_before = backend_ticks(observer, self.pids)
         time_before = _statement_time(observer) if statements else None
         lsn = wal_lsn(observer)
         client_before = _client_cpu()
@@ -243,7 +243,7 @@ class _Crew:
         totals.client_seconds += _client_cpu() - client_before
         totals.wal_bytes += wal_bytes_since(observer, lsn)
         time_after = _statement_time(observer) if statements else None
-        ticks_after = _backend_ticks(observer, self.pids)
+        ticks_after = backend_ticks(observer, self.pids)
         totals.renewals += renewals
         totals.calls += calls
         if time_before is not None and time_after is not None:
@@ -260,7 +260,7 @@ class _Crew:
         if t.statements:
             method, server_us = "pg_stat_statements", t.server_ms * 1000 / t.renewals
         elif t.proc:
-            method, server_us = "proc", t.ticks / os.sysconf("SC_CLK_TCK") * 1e6 / t.renewals
+            method, server_us = "proc", t.ticks / TICKS_PER_SECOND * 1e6 / t.renewals
         else:
             method, server_us = "wall", t.seconds * len(self.conns) * 1e6 / t.renewals
         rate = t.renewals / t.seconds
@@ -321,29 +321,3 @@ def _statements_available(conn: psycopg.Connection[Any]) -> bool:
 def _statement_time(conn: psycopg.Connection[Any]) -> float:
     row = conn.execute(_STATEMENTS).fetchone()
     return float(row[0]) if row else 0.0
-
-
-def _backend_ticks(conn: psycopg.Connection[Any], pids: Sequence[int]) -> int | None:
-    """utime + stime (clock ticks) summed over the backends, or None when not readable."""
-    total = 0
-    for pid in pids:
-        text = _local_stat(pid)
-        if text is None:
-            try:
-                row = conn.execute("SELECT pg_read_file(%s)", (f"/proc/{pid}/stat",)).fetchone()
-            except psycopg.Error:
-                return None
-            text = str(row[0]) if row else None
-        if text is None or "(postgres)" not in text:
-            return None
-        fields = text.rpartition(")")[2].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return total
-
-
-def _local_stat(pid: int) -> str | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text if "(postgres)" in text else None
