@@ -172,6 +172,17 @@ def test_a_connection_returned_just_now_is_handed_out_without_a_check(
             assert _backend_pid(conn) != pid
 
 
+def test_a_connection_given_back_is_in_the_pool_when_putconn_returns(dsn: str) -> None:
+    """create_pool notes a return in the returning thread: no hand-over to the pool's worker
+    threads (a thread switch per call) before the connection can be handed out again."""
+    with create_pool(dsn, min_size=1, max_size=1) as pool:
+        pool.wait()
+        for _ in range(20):
+            conn = pool.getconn()
+            pool.putconn(conn)
+            assert pool.get_stats()["pool_available"] == 1
+
+
 def test_an_explicit_check_is_kept(dsn: str, observer: Conn) -> None:
     with create_pool(dsn, min_size=1, max_size=1, check=ConnectionPool.check_connection) as pool:
         with pool.connection() as conn:
