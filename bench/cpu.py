@@ -19,13 +19,8 @@ TICKS_PER_SECOND: Final = os.sysconf("SC_CLK_TCK")
 
 def backend_ticks(conn: psycopg.Connection[Any], pids: Sequence[int]) -> int | None:
     """utime + stime (clock ticks) summed over the backends, or None when one is not readable."""
-    total = 0
-    for pid in pids:
-        ticks = backend_pid_ticks(conn, pid)
-        if ticks is None:
-            return None
-        total += ticks
-    return total
+    readings = _ticks_by_pid(conn, pids)
+    return None if readings is None else sum(readings.values())
 
 
 def backend_pid_ticks(conn: psycopg.Connection[Any], pid: int) -> int | None:
@@ -49,12 +44,16 @@ def database_backend_ticks(conn: psycopg.Connection[Any]) -> dict[int, int] | No
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
         " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
     ).fetchall()
+    return _ticks_by_pid(conn, [int(pid) for (pid,) in rows])
+
+
+def _ticks_by_pid(conn: psycopg.Connection[Any], pids: Sequence[int]) -> dict[int, int] | None:
     readings: dict[int, int] = {}
-    for (pid,) in rows:
-        ticks = backend_pid_ticks(conn, int(pid))
+    for pid in pids:
+        ticks = backend_pid_ticks(conn, pid)
         if ticks is None:
             return None
-        readings[int(pid)] = ticks
+        readings[pid] = ticks
     return readings
 
 
