@@ -1,8 +1,7 @@
 """The operator's queries: list runs, cancel a run tree, statistics, retention.
 
-`OperatorQueries` is a mixin of `AgentRunRepository`: it runs its SQL through the repository's
-plumbing (`_execute`: one explicit transaction per call, a savepoint inside the caller's).
-Its length is the four queries' typed values and argument checks, kept beside the queries.
+Plans (agent_runs.steps) that both repository faces drive, with their argument checks kept
+beside them; their typed values are in agent_runs.operator_values.
 """
 
 from __future__ import annotations
@@ -10,21 +9,49 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, LiteralString, TypedDict
+from typing import TYPE_CHECKING, Any, Final
 
 from agent_runs import validation as check
 from agent_runs.durations import MAX_DURATION
 from agent_runs.errors import InvalidArgument
 from agent_runs.models import AgentRun, RunStatus
-from agent_runs.sql import query
-from agent_runs.transport import Row, rows_of
+from agent_runs.operator_values import (
+    AttemptDurations,
+    PruneBatch,
+    QueueNow,
+    RunStats,
+    RunSummary,
+    WorkerStats,
+)
+from agent_runs.rows import run_of
+from agent_runs.steps import (
+    Emit,
+    Execute,
+    Plan,
+    Stream,
+    Transaction,
+    planned,
+    planned_stream,
+)
+from agent_runs.transport import Row, statement
 
 if TYPE_CHECKING:
-    import psycopg
     from typing_extensions import Unpack  # annotations only: no runtime dependency
+
+    from agent_runs.operator_values import RunFilters
+
+__all__ = [
+    "AttemptDurations",
+    "OperatorQueries",
+    "PruneBatch",
+    "QueueNow",
+    "RunStats",
+    "RunSummary",
+    "WorkerStats",
+    "runs_cursor",
+]
 
 MAX_LIST_LIMIT: Final = 1000
 MAX_BATCH_SIZE: Final = 100_000
@@ -32,86 +59,6 @@ DEFAULT_STUCK_AFTER: Final = timedelta(minutes=15)
 # How many error types and worker identities run_stats reports, the most frequent first.
 STATS_TOP: Final = 20
 _LIVE: Final = frozenset({RunStatus.PENDING, RunStatus.RUNNING})
-
-
-class RunFilters(TypedDict, total=False):
-    """The filters of `list_runs`, by keyword."""
-
-    statuses: Iterable[RunStatus | str] | None
-    agent_slug: str | None
-    thread_id: str | None
-    uid: str | None
-    worker: str | None
-    since: datetime | timedelta | None
-    stuck: bool
-    stuck_after: timedelta
-    limit: int
-    before: str | None
-    now: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class RunSummary:
-    """A run as listed: the run, how many attempts it has, and its last attempt's owner."""
-
-    run: AgentRun
-    attempt_count: int
-    last_worker_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerStats:
-    """One worker identity's attempts finished in the window, by what became of them."""
-
-    worker: str
-    attempts: int
-    completions: int
-    failures: int
-    lease_losses: int
-    retries: int
-
-
-@dataclass(frozen=True, slots=True)
-class AttemptDurations:
-    """Seconds from start to finish of the attempts finished in the window."""
-
-    p50: float
-    p95: float
-    max: float
-
-
-@dataclass(frozen=True, slots=True)
-class QueueNow:
-    """The queue at the moment of the call, whatever the window."""
-
-    pending: int
-    oldest_pending_age: timedelta | None
-    running: int
-    expired_unreconciled: int
-
-
-@dataclass(frozen=True, slots=True)
-class RunStats:
-    """run_stats: the window [window_start, now] (window_start None: all history)."""
-
-    window_start: datetime | None
-    now: datetime
-    runs_by_status: Mapping[str, int]
-    attempts_by_outcome: Mapping[str, int]
-    top_error_types: Mapping[str, int]
-    workers: tuple[WorkerStats, ...]
-    durations: AttemptDurations | None
-    queue: QueueNow
-
-
-@dataclass(frozen=True, slots=True)
-class PruneBatch:
-    """One batch of prune_finished_runs: what went (or would go, in a dry run)."""
-
-    runs: int
-    attempts: int
-    examined: int
-    cutoff: datetime
 
 
 def runs_cursor(run: AgentRun) -> str:
@@ -133,12 +80,6 @@ def _decode_cursor(value: object) -> tuple[datetime, str]:
     if created_at.tzinfo is None or not isinstance(run_id, str):
         raise bad
     return created_at, check.identifier("before", run_id)
-
-
-def _run(row: Row) -> AgentRun:
-    from agent_runs.repository import _run as run_of  # the repository imports this module
-
-    return run_of(row)
 
 
 def _aware(name: str, value: datetime) -> datetime:
@@ -198,19 +139,12 @@ def _counts(rows: list[Row]) -> dict[str, int]:
 
 
 class OperatorQueries:
-    """list_runs, request_cancel_tree, run_stats and prune_finished_runs of the repository."""
-
-    if TYPE_CHECKING:
-        conn: psycopg.Connection[Any]
-
-        def _execute(self, name: LiteralString, params: Mapping[str, Any]) -> list[Row]: ...
-
-        def request_cancel(
-            self, run_id: str, *, now: datetime | None = None
-        ) -> AgentRun | None: ...
+    """list_runs, request_cancel_tree, run_stats and prune_finished_runs of the repository
+    (plans, see agent_runs.steps)."""
 
     # -- listing -------------------------------------------------------------------------
 
+    @planned
     def list_runs(
         self,
         *,
@@ -225,7 +159,7 @@ class OperatorQueries:
         limit: int = 50,
         before: str | None = None,
         now: datetime | None = None,
-    ) -> list[AgentRun]:
+    ) -> Plan[list[AgentRun]]:
         """Runs newest first by (created_at, id), every given filter applied; `before` is the
         cursor of the previous page's last run (`runs_cursor`).
 
@@ -233,7 +167,7 @@ class OperatorQueries:
         this identity. stuck: live leases expired and not reconciled yet, and pending runs
         created more than `stuck_after` ago.
         """
-        rows = self._list_rows(
+        rows = yield from _list_rows(
             statuses=statuses,
             agent_slug=agent_slug,
             thread_id=thread_id,
@@ -246,72 +180,36 @@ class OperatorQueries:
             before=before,
             now=now,
         )
-        return [_run(row) for row in rows]
+        return [run_of(row) for row in rows]
 
-    def list_run_summaries(self, **filters: Unpack[RunFilters]) -> list[RunSummary]:
+    @planned
+    def list_run_summaries(self, **filters: Unpack[RunFilters]) -> Plan[list[RunSummary]]:
         """list_runs (same keyword arguments) with each run's attempt count and last owner."""
+        rows = yield from _list_rows(**filters)
         return [
-            RunSummary(_run(row), int(row["attempt_count"]), row["last_worker_id"])
-            for row in self._list_rows(**filters)
+            RunSummary(run_of(row), int(row["attempt_count"]), row["last_worker_id"])
+            for row in rows
         ]
-
-    def _list_rows(self, **filters: Unpack[RunFilters]) -> list[Row]:
-        since_at, since_seconds = _since(filters.get("since"))
-        before = filters.get("before")
-        before_created_at, before_id = (None, None) if before is None else _decode_cursor(before)
-        worker = filters.get("worker")
-        params = {
-            "statuses": _statuses(filters.get("statuses")),
-            "agent_slug": check.optional_identifier("agent_slug", filters.get("agent_slug")),
-            "thread_id": check.optional_identifier("thread_id", filters.get("thread_id")),
-            "uid": check.optional_identifier("uid", filters.get("uid")),
-            "worker": None if worker is None else check.worker_id(worker, "worker"),
-            "since_at": since_at,
-            "since_seconds": since_seconds,
-            "stuck": _bool("stuck", filters.get("stuck", False)),
-            "stuck_after_seconds": _span(
-                "stuck_after", filters.get("stuck_after", DEFAULT_STUCK_AFTER), allow_zero=True
-            ),
-            "limit": check.integer("limit", filters.get("limit", 50), 1, MAX_LIST_LIMIT),
-            "before_created_at": before_created_at,
-            "before_id": before_id,
-            "now": check.now(filters.get("now")),
-        }
-        return self._execute("list_runs", params)
 
     # -- cancelling a tree ---------------------------------------------------------------
 
-    def request_cancel_tree(self, run_id: str, *, now: datetime | None = None) -> list[AgentRun]:
+    @planned
+    def request_cancel_tree(
+        self, run_id: str, *, now: datetime | None = None
+    ) -> Plan[list[AgentRun]]:
         """request_cancel for the run and every run created by it, recursively (below terminal
         runs too), in one transaction, each run under its own row lock. Returns the runs whose
         status changed (parents first); InvalidArgument for an unknown run."""
         params = {"run_id": check.identifier("run_id", run_id), "now": check.now(now)}
-        changed: list[AgentRun] = []
-        with self.conn.transaction():
-            cur = self.conn.cursor()
-            tree: list[Row] = []
-            # Again until nothing new: each statement sees the children committed before it,
-            # and a locked run gets no new child until this transaction ends.
-            while True:
-                cur.execute(query("request_cancel_tree"), params, prepare=False)
-                found = rows_of(cur)
-                if len(found) == len(tree):
-                    break
-                tree = found
-            if not tree:
-                raise InvalidArgument(f"run_id {run_id!r} is not an existing run")
-            for row in sorted(tree, key=lambda r: (r["created_at"], r["id"])):
-                if row["status"] in _LIVE:  # under our lock: a cancel request changes it
-                    run = self.request_cancel(row["id"], now=now)
-                    if run is not None:
-                        changed.append(run)
+        changed: list[AgentRun] = yield Transaction(_cancel_tree(self, params, now))
         return changed
 
     # -- statistics ----------------------------------------------------------------------
 
+    @planned
     def run_stats(
         self, *, since: datetime | timedelta | None = None, now: datetime | None = None
-    ) -> RunStats:
+    ) -> Plan[RunStats]:
         """Runs by final status, attempts by outcome, top error types, per worker identity,
         attempt durations (all over the window since `since`, None: all history) and the
         queue now."""
@@ -322,70 +220,32 @@ class OperatorQueries:
             "now": check.now(now),
             "top": STATS_TOP,
         }
-        with self.conn.transaction():
-            cur = self.conn.cursor()
-
-            def rows(sql: LiteralString) -> list[Row]:
-                cur.execute(sql, params, prepare=False)
-                return rows_of(cur)
-
-            head = rows(query("run_stats"))[0]
-            # The parts count over the window the head computed, on the same clock.
-            params["window_start"] = head["window_start"]
-            by_status = _counts(rows(query("run_stats.runs")))
-            by_outcome = _counts(rows(query("run_stats.outcomes")))
-            errors = _counts(rows(query("run_stats.errors")))
-            workers = tuple(
-                WorkerStats(
-                    worker=row["worker"],
-                    attempts=int(row["attempts"]),
-                    completions=int(row["completions"]),
-                    failures=int(row["failures"]),
-                    lease_losses=int(row["lease_losses"]),
-                    retries=int(row["retries"]),
-                )
-                for row in rows(query("run_stats.workers"))
-            )
-        clock: datetime = head["now"].astimezone(UTC)
-        start: datetime | None = head["window_start"]
-        oldest: datetime | None = head["oldest_pending_created_at"]
-        durations = None
-        if head["duration_max"] is not None:
-            durations = AttemptDurations(
-                float(head["duration_p50"]),
-                float(head["duration_p95"]),
-                float(head["duration_max"]),
-            )
-        return RunStats(
-            window_start=None if start is None else start.astimezone(UTC),
-            now=clock,
-            runs_by_status=by_status,
-            attempts_by_outcome=by_outcome,
-            top_error_types=errors,
-            workers=workers,
-            durations=durations,
-            queue=QueueNow(
-                pending=int(head["pending"]),
-                oldest_pending_age=None if oldest is None else max(clock - oldest, timedelta(0)),
-                running=int(head["running"]),
-                expired_unreconciled=int(head["expired_unreconciled"]),
-            ),
-        )
+        stats: RunStats = yield Transaction(_stats(params))
+        return stats
 
     # -- retention -----------------------------------------------------------------------
 
+    @planned
     def prune_finished_runs(
         self, *, older_than: timedelta, batch_size: int = 1000, now: datetime | None = None
-    ) -> int:
+    ) -> Plan[int]:
         """Delete terminal runs finished before `now - older_than` (with their attempts), in
         batches of at most `batch_size` trees, each batch its own short transaction that takes
         only rows nobody holds. A run goes only together with every run created by it
         (recursively): a tree with a live or recent member waits. Returns the runs deleted."""
-        return sum(
-            batch.runs
-            for batch in self.prune_batches(older_than=older_than, batch_size=batch_size, now=now)
-        )
+        batches = _prune(_prune_params(older_than, batch_size, now, dry_run=False))
+        deleted, answer = 0, None
+        while True:
+            try:
+                item = batches.send(answer)
+            except StopIteration:
+                return deleted
+            if isinstance(item, Emit):
+                deleted, answer = deleted + item.value.runs, None
+            else:
+                answer = yield item
 
+    @planned_stream
     def prune_batches(
         self,
         *,
@@ -393,52 +253,147 @@ class OperatorQueries:
         batch_size: int = 1000,
         now: datetime | None = None,
         dry_run: bool = False,
-    ) -> Iterator[PruneBatch]:
+    ) -> Stream[PruneBatch]:
         """prune_finished_runs one batch at a time (for progress); dry_run deletes nothing and
         yields what would go. The cutoff is fixed by the first batch."""
-        params: dict[str, Any] = {
-            "older_than_seconds": _span("older_than", older_than, allow_zero=True),
-            "batch_size": check.integer("batch_size", batch_size, 1, MAX_BATCH_SIZE),
-            "now": check.now(now),
-            "dry_run": _bool("dry_run", dry_run),
-            "cutoff": None,
-            "after_finished_at": None,
-            "after_id": None,
-        }
-        return self._prune(params)
+        return _prune(_prune_params(older_than, batch_size, now, dry_run=dry_run))
 
-    def _prune(self, params: dict[str, Any]) -> Iterator[PruneBatch]:
-        while True:
-            row, removed = self._prune_batch(params)
-            examined = int(row["examined"])
-            cutoff: datetime = row["cutoff"]
-            batch = PruneBatch(
-                runs=int(removed["deleted"] if not params["dry_run"] else removed["runs"]),
-                attempts=int(removed["attempts"]),
-                examined=examined,
-                cutoff=cutoff.astimezone(UTC),
-            )
-            if examined:
-                yield batch
-            if examined < params["batch_size"]:
-                return
-            params["cutoff"] = cutoff
-            params["after_finished_at"] = row["last_finished_at"]
-            params["after_id"] = row["last_id"]
 
-    def _prune_batch(self, params: dict[str, Any]) -> tuple[Row, Row]:
-        """One batch in its own transaction: lock whole trees, then (a new statement, so a new
-        snapshot) check nothing was added below them, and delete."""
-        from agent_runs.repository import turns  # the repository imports this module
+def _cancel_tree(
+    face: Any, params: Mapping[str, Any], now: datetime | None
+) -> Plan[list[AgentRun]]:
+    # The same request_cancel plan, whichever face drives this one.
+    cancel = type(face).request_cancel.plan
+    tree: list[Row] = []
+    # Again until nothing new: each statement sees the children committed before it, and a
+    # locked run gets no new child until this transaction ends.
+    while True:
+        found: list[Row] = yield Execute(statement("request_cancel_tree"), params)
+        if len(found) == len(tree):
+            break
+        tree = found
+    if not tree:
+        raise InvalidArgument(f"run_id {params['run_id']!r} is not an existing run")
+    changed: list[AgentRun] = []
+    for row in sorted(tree, key=lambda r: (r["created_at"], r["id"])):
+        if row["status"] in _LIVE:  # under our lock: a cancel request changes it
+            run = yield from cancel(face, row["id"], now=now)
+            if run is not None:
+                changed.append(run)
+    return changed
 
-        with turns(self.conn), self.conn.transaction():
-            cur = self.conn.cursor()
-            cur.execute(query("prune_finished_runs"), params, prepare=False)
-            [row] = rows_of(cur)
-            cur.execute(
-                query("prune_finished_runs.delete"),
-                {"ids": row["ids"], "roots": row["roots"], "dry_run": params["dry_run"]},
-                prepare=False,
-            )
-            [removed] = rows_of(cur)
-        return row, removed
+
+def _list_rows(**filters: Unpack[RunFilters]) -> Plan[list[Row]]:
+    since_at, since_seconds = _since(filters.get("since"))
+    before = filters.get("before")
+    before_created_at, before_id = (None, None) if before is None else _decode_cursor(before)
+    worker = filters.get("worker")
+    params = {
+        "statuses": _statuses(filters.get("statuses")),
+        "agent_slug": check.optional_identifier("agent_slug", filters.get("agent_slug")),
+        "thread_id": check.optional_identifier("thread_id", filters.get("thread_id")),
+        "uid": check.optional_identifier("uid", filters.get("uid")),
+        "worker": None if worker is None else check.worker_id(worker, "worker"),
+        "since_at": since_at,
+        "since_seconds": since_seconds,
+        "stuck": _bool("stuck", filters.get("stuck", False)),
+        "stuck_after_seconds": _span(
+            "stuck_after", filters.get("stuck_after", DEFAULT_STUCK_AFTER), allow_zero=True
+        ),
+        "limit": check.integer("limit", filters.get("limit", 50), 1, MAX_LIST_LIMIT),
+        "before_created_at": before_created_at,
+        "before_id": before_id,
+        "now": check.now(filters.get("now")),
+    }
+    rows: list[Row] = yield Execute(statement("list_runs"), params)
+    return rows
+
+
+def _stats(params: dict[str, Any]) -> Plan[RunStats]:
+    [head] = yield Execute(statement("run_stats"), params)
+    # The parts count over the window the head computed, on the same clock.
+    params["window_start"] = head["window_start"]
+    by_status = _counts((yield Execute(statement("run_stats.runs"), params)))
+    by_outcome = _counts((yield Execute(statement("run_stats.outcomes"), params)))
+    errors = _counts((yield Execute(statement("run_stats.errors"), params)))
+    workers = tuple(
+        WorkerStats(
+            worker=row["worker"],
+            attempts=int(row["attempts"]),
+            completions=int(row["completions"]),
+            failures=int(row["failures"]),
+            lease_losses=int(row["lease_losses"]),
+            retries=int(row["retries"]),
+        )
+        for row in (yield Execute(statement("run_stats.workers"), params))
+    )
+    clock: datetime = head["now"].astimezone(UTC)
+    start: datetime | None = head["window_start"]
+    oldest: datetime | None = head["oldest_pending_created_at"]
+    durations = None
+    if head["duration_max"] is not None:
+        durations = AttemptDurations(
+            float(head["duration_p50"]),
+            float(head["duration_p95"]),
+            float(head["duration_max"]),
+        )
+    return RunStats(
+        window_start=None if start is None else start.astimezone(UTC),
+        now=clock,
+        runs_by_status=by_status,
+        attempts_by_outcome=by_outcome,
+        top_error_types=errors,
+        workers=workers,
+        durations=durations,
+        queue=QueueNow(
+            pending=int(head["pending"]),
+            oldest_pending_age=None if oldest is None else max(clock - oldest, timedelta(0)),
+            running=int(head["running"]),
+            expired_unreconciled=int(head["expired_unreconciled"]),
+        ),
+    )
+
+
+def _prune_params(
+    older_than: timedelta, batch_size: int, now: datetime | None, *, dry_run: bool
+) -> dict[str, Any]:
+    return {
+        "older_than_seconds": _span("older_than", older_than, allow_zero=True),
+        "batch_size": check.integer("batch_size", batch_size, 1, MAX_BATCH_SIZE),
+        "now": check.now(now),
+        "dry_run": _bool("dry_run", dry_run),
+        "cutoff": None,
+        "after_finished_at": None,
+        "after_id": None,
+    }
+
+
+def _prune(params: dict[str, Any]) -> Stream[PruneBatch]:
+    while True:
+        row, removed = yield Transaction(_prune_batch(params))
+        examined = int(row["examined"])
+        cutoff: datetime = row["cutoff"]
+        batch = PruneBatch(
+            runs=int(removed["deleted"] if not params["dry_run"] else removed["runs"]),
+            attempts=int(removed["attempts"]),
+            examined=examined,
+            cutoff=cutoff.astimezone(UTC),
+        )
+        if examined:
+            yield Emit(batch)
+        if examined < params["batch_size"]:
+            return
+        params["cutoff"] = cutoff
+        params["after_finished_at"] = row["last_finished_at"]
+        params["after_id"] = row["last_id"]
+
+
+def _prune_batch(params: dict[str, Any]) -> Plan[tuple[Row, Row]]:
+    """One batch in its own transaction: lock whole trees, then (a new statement, so a new
+    snapshot) check nothing was added below them, and delete."""
+    [row] = yield Execute(statement("prune_finished_runs"), params)
+    [removed] = yield Execute(
+        statement("prune_finished_runs.delete"),
+        {"ids": row["ids"], "roots": row["roots"], "dry_run": params["dry_run"]},
+    )
+    return row, removed

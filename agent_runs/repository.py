@@ -1,216 +1,52 @@
 """AgentRunRepository: every transition of a run and its attempts, one SQL file each.
 
-One class per table pair on purpose: each public method is a short validation block around one
-sql/ file; the operator's queries live in operations.py and are mixed in.
+Each public method is written as its plan (agent_runs.steps): a short validation block, the
+sql/ file it runs, and how its answer reads. `@planned` makes it a method that this face drives
+on its connection (agent_runs.driver: one round trip per transition); the asyncio face,
+agent_runs.aio.AsyncAgentRunRepository, drives the very same plans. The worker's lean variants
+live in agent_runs.lean, the operator's queries in agent_runs.operations (both mixed in).
 """
 
 from __future__ import annotations
 
-import functools
-import os
-import threading
-import time
-import uuid
-import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import fields
-from datetime import UTC, datetime
-from types import FunctionType
-from typing import Any, Final, LiteralString, ParamSpec, TypeVar
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
 
-import psycopg
 from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
 from agent_runs import validation as check
+from agent_runs.claims import LEASE_EXPIRED_MESSAGE, claim, new_run_id, next_claim
+from agent_runs.driver import SyncDriver, turns
 from agent_runs.errors import (
     UQ_ONE_ACTIVE_PER_THREAD,
-    UQ_ONE_OPEN_ATTEMPT,
-    UQ_RUN_ATTEMPT_NO,
     InvalidArgument,
     NotLeaseOwner,
     ThreadBusy,
 )
-from agent_runs.models import (
-    AgentRun,
-    Claim,
-    ClaimedRun,
-    Finish,
-    RunAttempt,
-    RunStatus,
-    Transition,
-)
+from agent_runs.lean import LeanTransitions
+from agent_runs.models import AgentRun, Claim, RunAttempt, RunStatus, Transition
 from agent_runs.operations import OperatorQueries
-from agent_runs.sql import query
-from agent_runs.transport import Channel, Row, rows_of, statement
+from agent_runs.rows import attempt_of, run_of
+from agent_runs.steps import Execute, Plan, Transaction, planned
+from agent_runs.transport import Row, statement
 
-LEASE_EXPIRED_MESSAGE: Final = (
-    "the worker's lease expired before it reported a result: the outcome is unknown. Under "
-    "at-least-once semantics the agent may have run partly or fully; check its side effects "
-    "before running it again."
-)
-
-# A claim computes attempt_no = max + 1 from its statement's snapshot. If another claimer
-# committed a claim *and* a release between that snapshot and our lock, the database refuses
-# the duplicate; a new statement (new snapshot) then sees it. Bounded: the race is rare.
-_CLAIM_RACE_CONSTRAINTS: Final = frozenset({UQ_RUN_ATTEMPT_NO, UQ_ONE_OPEN_ATTEMPT})
-_CLAIM_TRIES: Final = 5
-
-_RUN_FIELDS: Final = tuple(f.name for f in fields(AgentRun))
-_ATTEMPT_FIELDS: Final = tuple(f.name for f in fields(RunAttempt))
-_TIMESTAMPS: Final = frozenset(
-    {
-        "heartbeat_at",
-        "lease_expires_at",
-        "manifest_recorded_at",
-        "started_at",
-        "finished_at",
-        "created_at",
-        "updated_at",
-    }
-)
-# Positions of the timestamp fields among each model's fields (made timezone-aware UTC).
-_RUN_TIMESTAMPS: Final = tuple(i for i, n in enumerate(_RUN_FIELDS) if n in _TIMESTAMPS)
-_ATTEMPT_TIMESTAMPS: Final = tuple(i for i, n in enumerate(_ATTEMPT_FIELDS) if n in _TIMESTAMPS)
+__all__ = ["LEASE_EXPIRED_MESSAGE", "AgentRunRepository", "new_run_id", "turns"]
 
 
-def _aware(value: datetime) -> datetime:
-    """A timestamp as UTC (psycopg gives the session's time zone)."""
-    return value if value.tzinfo is UTC else value.astimezone(UTC)
-
-
-def _utc(fields_: list[Any], stamps: tuple[int, ...]) -> list[Any]:
-    """The timestamps among a model's fields as UTC (psycopg gives the session's time zone)."""
-    for i in stamps:
-        value = fields_[i]
-        if value is not None:
-            fields_[i] = _aware(value)
-    return fields_
-
-
-def _run(row: Row) -> AgentRun:
-    pick = row.shape.picker("run", _RUN_FIELDS)
-    if pick is None:  # pragma: no cover - every run statement returns the run's columns
-        raise AssertionError("this result carries no run")
-    return AgentRun(*_utc(list(pick(row.values)), _RUN_TIMESTAMPS))
-
-
-def _attempt(row: Row) -> RunAttempt:
-    pick = row.shape.picker("attempt", _ATTEMPT_FIELDS)
-    if pick is None:  # pragma: no cover - every attempt statement returns its columns
-        raise AssertionError("this result carries no attempt")
-    return RunAttempt(*_utc(list(pick(row.values)), _ATTEMPT_TIMESTAMPS))
-
-
-def new_run_id() -> str:
-    """A random UUID of version 7: its first 48 bits are the Unix time in milliseconds.
-
-    New runs' keys then land at the right end of the primary key index (no page splits
-    scattered over the whole index, fewer page images in the WAL); uniqueness rests on the 74
-    random bits, as for uuid4.
-    """
-    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10))
-    value = value & ~(0xF << 76) | 0x7 << 76  # version 7
-    value = value & ~(0x3 << 62) | 0x2 << 62  # RFC 9562 variant
-    return str(uuid.UUID(int=value))
-
-
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
-
-# One re-entrant lock per connection, shared by every repository on it: a public call holds it
-# from its first statement to its last, so threads sharing a connection take turns call by call
-# (psycopg's own conn.lock is per statement, and not re-entrant).
-_turns: weakref.WeakKeyDictionary[psycopg.Connection[Any], threading.RLock] = (
-    weakref.WeakKeyDictionary()
-)
-_turns_made = threading.Lock()
-
-
-def turns(conn: psycopg.Connection[Any]) -> threading.RLock:
-    """The lock every repository call on `conn` holds for its whole duration."""
-    lock = _turns.get(conn)
-    if lock is None:
-        with _turns_made:
-            lock = _turns.setdefault(conn, threading.RLock())
-    return lock
-
-
-def _taking_turns(method: Callable[_P, _T]) -> Callable[_P, _T]:
-    @functools.wraps(method)
-    def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-        with turns(args[0].conn):  # type: ignore[attr-defined]
-            return method(*args, **kwargs)
-
-    return call
-
-
-def _one_call_at_a_time(cls: type[Any]) -> None:
-    """Wrap every public method of `cls` (its bases' too) in its connection's turn."""
-    for name in dir(cls):
-        method = getattr(cls, name)
-        if not name.startswith("_") and isinstance(method, FunctionType):
-            setattr(cls, name, _taking_turns(method))
-
-
-class AgentRunRepository(OperatorQueries):
+class AgentRunRepository(OperatorQueries, LeanTransitions, SyncDriver):
     """The data access object for agent_runs and agent_run_attempts over one psycopg connection.
 
     Every method runs in its own explicit transaction, which becomes a savepoint inside a
     transaction the caller already has open. Each transition locks the run row first and
     changes the run and its attempt in that one transaction (one statement, one round trip:
-    see agent_runs.transport).
+    see agent_runs.transport). Threads sharing the connection take turns, call by call.
     """
-
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.conn = conn
-        # Each thread's Channel to the connection: its adapters, reused across calls.
-        self._local = threading.local()
-
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """A transaction of yours around several calls that holds the connection's turn: calls
-        from other threads sharing the connection wait until it ends instead of running inside
-        it. (A plain `conn.transaction()` belongs to the connection: calls from any thread made
-        while it is open become savepoints in it.)"""
-        with turns(self.conn), self.conn.transaction():
-            yield
-
-    # -- plumbing --------------------------------------------------------------------------
-
-    def _execute(self, name: LiteralString, params: Mapping[str, Any]) -> list[Row]:
-        """Run sql/<name>.sql in its own explicit transaction and return its rows."""
-        stmt = statement(name)
-        rows = self._channel().execute(stmt, [params[param] for param in stmt.params])
-        if rows is not None:
-            return rows
-        # Inside the caller's transaction this is a savepoint around the statement. Never
-        # prepared: psycopg's statement names (_pg3_0, …) say nothing of their SQL, so behind a
-        # pooler another client's statement of the same name could answer.
-        with self.conn.transaction():
-            cur = self.conn.cursor()
-            cur.execute(query(name), params, prepare=False)
-            return rows_of(cur)
-
-    def _channel(self) -> Channel:
-        local = self._local
-        channel: Channel | None = getattr(local, "channel", None)
-        if channel is None or channel.conn is not self.conn:
-            channel = local.channel = Channel(self.conn)
-        return channel
-
-    def _claim(self, name: LiteralString, params: Mapping[str, Any]) -> list[Row]:
-        for tries_left in range(_CLAIM_TRIES - 1, -1, -1):
-            try:
-                return self._execute(name, params)
-            except pg_errors.UniqueViolation as exc:
-                if exc.diag.constraint_name not in _CLAIM_RACE_CONSTRAINTS or not tries_left:
-                    raise
-        raise AssertionError("unreachable")  # pragma: no cover
 
     # -- creating and reading -----------------------------------------------------------
 
+    @planned
     def create_run(
         self,
         *,
@@ -222,7 +58,7 @@ class AgentRunRepository(OperatorQueries):
         run_type: str = "chat",
         created_by_run_id: str | None = None,
         run_id: str | None = None,
-    ) -> AgentRun:
+    ) -> Plan[AgentRun]:
         """Create a pending run; the same request_id again returns the existing run.
 
         Raises ThreadBusy when another non-terminal run exists on (uid, agent_slug, thread_id).
@@ -240,18 +76,18 @@ class AgentRunRepository(OperatorQueries):
             "run_id": new_run_id() if run_id is None else check.identifier("run_id", run_id),
         }
         try:
-            rows = self._execute("create_run", params)
+            rows: list[Row] = yield Execute(statement("create_run"), params)
             if not rows:  # request_id seen before: a new statement sees its run
-                rows = self._execute("create_run.existing", params)
+                rows = yield Execute(statement("create_run.existing"), params)
             if not rows:  # pragma: no cover - the other run was deleted in between
                 raise InvalidArgument(f"request_id {request_id!r} is being reused; retry")
-            return _run(rows[0])
+            return run_of(rows[0])
         except pg_errors.UniqueViolation as exc:
             # A concurrent create with the same request_id can trip the thread index before
             # ON CONFLICT sees the request_id: idempotency is checked first, so look again.
-            existing = self._execute("create_run.existing", params)
+            existing: list[Row] = yield Execute(statement("create_run.existing"), params)
             if existing:
-                return _run(existing[0])
+                return run_of(existing[0])
             if exc.diag.constraint_name == UQ_ONE_ACTIVE_PER_THREAD:
                 raise ThreadBusy(
                     f"thread {thread_id!r} of uid {uid!r} already has an active run of agent "
@@ -265,25 +101,28 @@ class AgentRunRepository(OperatorQueries):
                 f"created_by_run_id {created_by_run_id!r} is not an existing run"
             ) from None
 
-    def get_run(self, run_id: str) -> AgentRun | None:
-        rows = self._execute("get_run", {"run_id": check.identifier("run_id", run_id)})
-        return _run(rows[0]) if rows else None
+    @planned
+    def get_run(self, run_id: str) -> Plan[AgentRun | None]:
+        rows: list[Row] = yield Execute(
+            statement("get_run"), {"run_id": check.identifier("run_id", run_id)}
+        )
+        return run_of(rows[0]) if rows else None
 
-    def get_run_by_owner(self, worker_id: str) -> AgentRun | None:
-        """The live run whose lease this owner token holds, if any (e.g. after a lost reply)."""
-        rows = self._execute("get_run_by_owner", {"worker_id": check.worker_id(worker_id)})
-        return _run(rows[0]) if rows else None
+    @planned
+    def list_run_attempts(self, run_id: str) -> Plan[list[RunAttempt]]:
+        params = {"run_id": check.identifier("run_id", run_id)}
+        rows: list[Row] = yield Execute(statement("list_run_attempts"), params)
+        return [attempt_of(row) for row in rows]
 
-    def list_run_attempts(self, run_id: str) -> list[RunAttempt]:
-        rows = self._execute("list_run_attempts", {"run_id": check.identifier("run_id", run_id)})
-        return [_attempt(row) for row in rows]
-
-    def get_open_attempt(self, run_id: str) -> RunAttempt | None:
-        rows = self._execute("get_open_attempt", {"run_id": check.identifier("run_id", run_id)})
-        return _attempt(rows[0]) if rows else None
+    @planned
+    def get_open_attempt(self, run_id: str) -> Plan[RunAttempt | None]:
+        params = {"run_id": check.identifier("run_id", run_id)}
+        rows: list[Row] = yield Execute(statement("get_open_attempt"), params)
+        return attempt_of(rows[0]) if rows else None
 
     # -- ownership -----------------------------------------------------------------------
 
+    @planned
     def mark_running(
         self,
         run_id: str,
@@ -291,9 +130,9 @@ class AgentRunRepository(OperatorQueries):
         worker_id: str,
         lease_seconds: float,
         now: datetime | None = None,
-    ) -> Claim:
+    ) -> Plan[Claim]:
         """Claim a run (initial claim) or refresh the lease of its same live owner."""
-        rows = self._claim(
+        rows = yield from claim(
             "mark_running",
             {
                 "run_id": check.identifier("run_id", run_id),
@@ -304,8 +143,9 @@ class AgentRunRepository(OperatorQueries):
         )
         if not rows:
             return Claim(None, False)
-        return Claim(_run(rows[0]), bool(rows[0]["acquired"]))
+        return Claim(run_of(rows[0]), bool(rows[0]["acquired"]))
 
+    @planned
     def claim_next(
         self,
         *,
@@ -313,66 +153,14 @@ class AgentRunRepository(OperatorQueries):
         lease_seconds: float,
         now: datetime | None = None,
         agent_slugs: list[str] | None = None,
-    ) -> AgentRun | None:
+    ) -> Plan[AgentRun | None]:
         """Claim the oldest claimable run (FIFO by created_at, id), or None when there is none."""
-        row = self._claim_next("claim_next", worker_id, lease_seconds, now, agent_slugs)
-        return None if row is None else _run(row)
-
-    def claim_next_attempt(
-        self,
-        *,
-        worker_id: str,
-        lease_seconds: float,
-        now: datetime | None = None,
-        agent_slugs: list[str] | None = None,
-    ) -> ClaimedRun | None:
-        """claim_next that also answers the attempt_no it opened (no second read needed)."""
-        row = self._claim_next("claim_next", worker_id, lease_seconds, now, agent_slugs)
-        return None if row is None else ClaimedRun(_run(row), int(row["attempt_no"]))
-
-    def claim_next_attempts(
-        self,
-        *,
-        worker_ids: Sequence[str],
-        lease_seconds: float,
-        now: datetime | None = None,
-        agent_slugs: list[str] | None = None,
-    ) -> list[ClaimedRun]:
-        """claim_next for up to one run per owner token, in one statement: the n-th oldest
-        claimable run goes to worker_ids[n], each with claim_next's rules and attempt facts;
-        fewer (or none) when fewer are claimable. In FIFO order."""
-        rows = self._claim(
-            "claim_next_attempts",
-            {
-                "worker_ids": check.worker_ids(worker_ids),
-                **check.lease(lease_seconds, now),
-                "agent_slugs": check.agent_slugs(agent_slugs),
-                "lost_message": LEASE_EXPIRED_MESSAGE,
-            },
+        rows = yield from claim(
+            "claim_next", next_claim(worker_id, lease_seconds, now, agent_slugs)
         )
-        claimed = [ClaimedRun(_run(row), int(row["attempt_no"])) for row in rows]
-        claimed.sort(key=lambda c: (c.run.created_at, c.run.id))
-        return claimed
+        return run_of(rows[0]) if rows else None
 
-    def _claim_next(
-        self,
-        name: LiteralString,
-        worker_id: str,
-        lease_seconds: float,
-        now: datetime | None,
-        agent_slugs: list[str] | None,
-    ) -> Row | None:
-        rows = self._claim(
-            name,
-            {
-                "worker_id": check.worker_id(worker_id),
-                **check.lease(lease_seconds, now),
-                "agent_slugs": check.agent_slugs(agent_slugs),
-                "lost_message": LEASE_EXPIRED_MESSAGE,
-            },
-        )
-        return rows[0] if rows else None
-
+    @planned
     def renew_lease(
         self,
         run_id: str,
@@ -380,10 +168,10 @@ class AgentRunRepository(OperatorQueries):
         worker_id: str,
         lease_seconds: float,
         now: datetime | None = None,
-    ) -> bool:
+    ) -> Plan[bool]:
         """Extend the live lease of its owner (run and open attempt); False when not the owner."""
-        rows = self._execute(
-            "renew_lease",
+        rows: list[Row] = yield Execute(
+            statement("renew_lease"),
             {
                 "run_id": check.identifier("run_id", run_id),
                 "worker_id": check.worker_id(worker_id),
@@ -392,29 +180,7 @@ class AgentRunRepository(OperatorQueries):
         )
         return bool(rows)
 
-    def renew_leases(
-        self,
-        leases: Mapping[str, str],
-        *,
-        lease_seconds: float,
-        now: datetime | None = None,
-    ) -> dict[str, RunStatus]:
-        """renew_lease for many run_id -> worker_id leases in one statement.
-
-        Returns the renewed runs with their current status (a cancel request shows as
-        cancel_requested); refused leases are absent.
-        """
-        run_ids, worker_ids = check.leases(leases)
-        params = {
-            "run_ids": run_ids,
-            "worker_ids": worker_ids,
-            **check.lease(lease_seconds, now),
-        }
-        if not run_ids:
-            return {}
-        rows = self._execute("renew_leases", params)
-        return {row["id"]: RunStatus(row["status"]) for row in rows}
-
+    @planned
     def release_lease_for_retry(
         self,
         run_id: str,
@@ -423,11 +189,11 @@ class AgentRunRepository(OperatorQueries):
         error_type: str | None = None,
         error_message: str | None = None,
         now: datetime | None = None,
-    ) -> bool:
+    ) -> Plan[bool]:
         """Give a running run back to the queue (pending); the attempt ends retry_released,
         with the error that made it retry when one is given (the run keeps none)."""
-        rows = self._execute(
-            "release_lease_for_retry",
+        rows: list[Row] = yield Execute(
+            statement("release_lease_for_retry"),
             {
                 "run_id": check.identifier("run_id", run_id),
                 "worker_id": check.worker_id(worker_id),
@@ -440,6 +206,7 @@ class AgentRunRepository(OperatorQueries):
 
     # -- finishing -----------------------------------------------------------------------
 
+    @planned
     def set_terminal_status(
         self,
         run_id: str,
@@ -449,10 +216,10 @@ class AgentRunRepository(OperatorQueries):
         error_type: str | None = None,
         error_message: str | None = None,
         now: datetime | None = None,
-    ) -> Transition:
+    ) -> Plan[Transition]:
         """Finish a run (and its owner's attempt) when the transition rules allow it."""
-        rows = self._execute(
-            "set_terminal_status",
+        rows: list[Row] = yield Execute(
+            statement("set_terminal_status"),
             {
                 "run_id": check.identifier("run_id", run_id),
                 "status": check.terminal_status(status).value,
@@ -464,57 +231,43 @@ class AgentRunRepository(OperatorQueries):
         )
         if not rows:
             return Transition(None, False)
-        return Transition(_run(rows[0]), bool(rows[0]["changed"]))
+        return Transition(run_of(rows[0]), bool(rows[0]["changed"]))
 
-    def finish_runs(
-        self, finishes: Sequence[Finish], *, now: datetime | None = None
-    ) -> dict[str, datetime]:
-        """set_terminal_status for many runs of their owners, in one statement (each run under
-        its own lock and rule). The lean answer: run_id -> finished_at of each run finished; a
-        refused or missing run is absent (ask set_terminal_status or get_run why)."""
-        run_ids, worker_ids, statuses, error_types, error_messages = check.finishes(finishes)
-        rows = self._execute(
-            "finish_runs",
-            {
-                "run_ids": run_ids,
-                "worker_ids": worker_ids,
-                "statuses": statuses,
-                "error_types": error_types,
-                "error_messages": error_messages,
-                "now": check.now(now),
-            },
-        )
-        return {row["id"]: _aware(row["finished_at"]) for row in rows}
-
-    def request_cancel(self, run_id: str, *, now: datetime | None = None) -> AgentRun | None:
+    @planned
+    def request_cancel(self, run_id: str, *, now: datetime | None = None) -> Plan[AgentRun | None]:
         """Cancel a run that never started; ask the owner of any other live run to cancel."""
-        rows = self._execute(
-            "request_cancel",
+        rows: list[Row] = yield Execute(
+            statement("request_cancel"),
             {"run_id": check.identifier("run_id", run_id), "now": check.now(now)},
         )
-        return _run(rows[0]) if rows else None
+        return run_of(rows[0]) if rows else None
 
+    @planned
     def reconcile_expired_leases(
         self, *, now: datetime | None = None, limit: int = 500
-    ) -> list[AgentRun]:
+    ) -> Plan[list[AgentRun]]:
         """Fail every run that lost its owner (at most `limit`); returns them as converged."""
         params = {
             "now": check.now(now),
             "limit": check.limit(limit),
             "lost_message": LEASE_EXPIRED_MESSAGE,
         }
-        with self.conn.transaction():
-            cur = self.conn.cursor()
-            lock = query("reconcile_expired_leases.lock")
-            locked = cur.execute(lock, params, prepare=False).fetchall()
+
+        def converge() -> Plan[list[AgentRun]]:
+            """Lock the runs that lost their owner (SKIP LOCKED), then converge exactly those."""
+            locked: list[Row] = yield Execute(statement("reconcile_expired_leases.lock"), params)
             if not locked:
                 return []
-            run_ids = [run_id for (run_id,) in locked]
-            cur.execute(
-                query("reconcile_expired_leases"), {**params, "run_ids": run_ids}, prepare=False
+            run_ids = [row["id"] for row in locked]
+            rows: list[Row] = yield Execute(
+                statement("reconcile_expired_leases"), {**params, "run_ids": run_ids}
             )
-            return [_run(row) for row in rows_of(cur)]
+            return [run_of(row) for row in rows]
 
+        converged: list[AgentRun] = yield Transaction(converge())
+        return converged
+
+    @planned
     def record_run_manifest(
         self,
         run_id: str,
@@ -523,10 +276,10 @@ class AgentRunRepository(OperatorQueries):
         fingerprint: str,
         worker_id: str,
         now: datetime | None = None,
-    ) -> Transition:
+    ) -> Plan[Transition]:
         """Record the run manifest once, by the live owner of the running run."""
-        rows = self._execute(
-            "record_run_manifest",
+        rows: list[Row] = yield Execute(
+            statement("record_run_manifest"),
             {
                 "run_id": check.identifier("run_id", run_id),
                 "manifest": Jsonb(check.json_object("manifest", manifest)),
@@ -543,7 +296,4 @@ class AgentRunRepository(OperatorQueries):
                 f"{worker_id!r} is not the lease owner of running run {run_id!r} "
                 "(only the owner of a running run with a live lease may record its manifest)"
             )
-        return Transition(_run(row), bool(row["changed"]))
-
-
-_one_call_at_a_time(AgentRunRepository)
+        return Transition(run_of(row), bool(row["changed"]))

@@ -65,6 +65,7 @@ class Statement:
     name: LiteralString  # the prepared statement's name on the server
     sql: LiteralString  # the file's SQL with $1, $2, … in place of its named placeholders
     params: tuple[str, ...]  # parameter names, in $n order
+    file: str = ""  # the sql/ file it comes from (sql/<file>.sql), for agent_runs.sql.query
 
     @property
     def prepare(self) -> LiteralString:
@@ -85,7 +86,7 @@ def statement(name: str) -> Statement:
     body = "\n".join(line for line in query(name).splitlines() if not line.startswith("--"))
     sql = _PLACEHOLDER.sub(number, body)
     # Derived only from the shipped .sql file and its fixed name: literal SQL, never input.
-    return Statement(name=_statement_name(name, sql), sql=sql, params=tuple(params))
+    return Statement(name=_statement_name(name, sql), sql=sql, params=tuple(params), file=name)
 
 
 def _statement_name(name: str, sql: str) -> LiteralString:

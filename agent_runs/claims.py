@@ -1,0 +1,67 @@
+"""What every claim shares: the lost-lease message, the retry of a lost attempt_no race, the
+parameters of a claim of the next run, and new run ids."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Final, LiteralString
+
+from psycopg import errors as pg_errors
+
+from agent_runs import validation as check
+from agent_runs.errors import UQ_ONE_OPEN_ATTEMPT, UQ_RUN_ATTEMPT_NO
+from agent_runs.steps import Execute, Plan
+from agent_runs.transport import Row, statement
+
+LEASE_EXPIRED_MESSAGE: Final = (
+    "the worker's lease expired before it reported a result: the outcome is unknown. Under "
+    "at-least-once semantics the agent may have run partly or fully; check its side effects "
+    "before running it again."
+)
+
+# A claim computes attempt_no = max + 1 from its statement's snapshot. If another claimer
+# committed a claim *and* a release between that snapshot and our lock, the database refuses
+# the duplicate; a new statement (new snapshot) then sees it. Bounded: the race is rare.
+_CLAIM_RACE_CONSTRAINTS: Final = frozenset({UQ_RUN_ATTEMPT_NO, UQ_ONE_OPEN_ATTEMPT})
+_CLAIM_TRIES: Final = 5
+
+
+def claim(name: LiteralString, params: Mapping[str, Any]) -> Plan[list[Row]]:
+    """Run a claim's statement, again (a new snapshot) when it lost the attempt_no race."""
+    for tries_left in range(_CLAIM_TRIES - 1, -1, -1):
+        try:
+            rows: list[Row] = yield Execute(statement(name), params)
+            return rows
+        except pg_errors.UniqueViolation as exc:
+            if exc.diag.constraint_name not in _CLAIM_RACE_CONSTRAINTS or not tries_left:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def next_claim(
+    worker_id: str, lease_seconds: float, now: datetime | None, agent_slugs: list[str] | None
+) -> dict[str, Any]:
+    """The checked parameters of sql/claim_next.sql."""
+    return {
+        "worker_id": check.worker_id(worker_id),
+        **check.lease(lease_seconds, now),
+        "agent_slugs": check.agent_slugs(agent_slugs),
+        "lost_message": LEASE_EXPIRED_MESSAGE,
+    }
+
+
+def new_run_id() -> str:
+    """A random UUID of version 7: its first 48 bits are the Unix time in milliseconds.
+
+    New runs' keys then land at the right end of the primary key index (no page splits
+    scattered over the whole index, fewer page images in the WAL); uniqueness rests on the 74
+    random bits, as for uuid4.
+    """
+    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10))
+    value = value & ~(0xF << 76) | 0x7 << 76  # version 7
+    value = value & ~(0x3 << 62) | 0x2 << 62  # RFC 9562 variant
+    return str(uuid.UUID(int=value))

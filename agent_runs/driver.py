@@ -1,0 +1,116 @@
+"""SyncDriver: how the synchronous repository carries out its plans (agent_runs.steps) on one
+psycopg connection: a transition in one round trip through the pipelined transport, threads
+sharing the connection taking turns call by call."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import psycopg
+
+from agent_runs.sql import query
+from agent_runs.steps import (
+    Done,
+    Execute,
+    Failed,
+    Plan,
+    Step,
+    Stream,
+    Transaction,
+    advance,
+    pull,
+)
+from agent_runs.transport import Channel, Row, Statement, rows_of
+
+_T = TypeVar("_T")
+
+# One re-entrant lock per connection, shared by every repository on it: a public call holds it
+# from its first statement to its last, so threads sharing a connection take turns call by call
+# (psycopg's own conn.lock is per statement, and not re-entrant).
+_turns: weakref.WeakKeyDictionary[psycopg.Connection[Any], threading.RLock] = (
+    weakref.WeakKeyDictionary()
+)
+_turns_made = threading.Lock()
+
+
+def turns(conn: psycopg.Connection[Any]) -> threading.RLock:
+    """The lock every repository call on `conn` holds for its whole duration."""
+    lock = _turns.get(conn)
+    if lock is None:
+        with _turns_made:
+            lock = _turns.setdefault(conn, threading.RLock())
+    return lock
+
+
+class SyncDriver:
+    """The synchronous face's plumbing: runs plans on `self.conn`."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        # Each thread's Channel to the connection: its adapters, reused across calls.
+        self._local = threading.local()
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """A transaction of yours around several calls that holds the connection's turn: calls
+        from other threads sharing the connection wait until it ends instead of running inside
+        it. (A plain `conn.transaction()` belongs to the connection: calls from any thread made
+        while it is open become savepoints in it.)"""
+        with turns(self.conn), self.conn.transaction():
+            yield
+
+    def _drive(self, plan: Plan[_T]) -> _T:
+        """Carry a call's plan out, holding the connection's turn from start to end."""
+        with turns(self.conn):
+            return self._through(plan, inside=False)
+
+    def _through(self, plan: Plan[_T], *, inside: bool) -> _T:
+        step = advance(plan, None)
+        while not isinstance(step, Done):
+            step = advance(plan, self._answer(step, inside=inside))
+        return step.value
+
+    def _iterate(self, stream: Stream[_T]) -> Iterator[_T]:
+        """Hand out a stream's items, each fetched as a call of its own."""
+        while not isinstance(item := self._drive(pull(stream)), Done):
+            yield item.value
+
+    def _answer(self, step: Step, *, inside: bool) -> object:
+        """A step's answer (rows, or a sub-plan's value), or its database error as Failed."""
+        try:
+            if isinstance(step, Transaction):
+                with self.conn.transaction():
+                    return self._through(step.plan, inside=True)
+            if inside:
+                return self._statement(step)
+            return self._execute(step.stmt, step.params)
+        except psycopg.Error as exc:
+            return Failed(exc)
+
+    def _statement(self, step: Execute) -> list[Row]:
+        """One statement in the transaction that is open (never prepared: see _execute)."""
+        cur = self.conn.cursor()
+        cur.execute(query(step.stmt.file), step.params, prepare=False)
+        return rows_of(cur)
+
+    def _execute(self, stmt: Statement, params: Mapping[str, Any]) -> list[Row]:
+        """Run a statement in its own explicit transaction and return its rows."""
+        rows = self._channel().execute(stmt, [params[param] for param in stmt.params])
+        if rows is not None:
+            return rows
+        # Inside the caller's transaction this is a savepoint around the statement. Never
+        # prepared: psycopg's statement names (_pg3_0, …) say nothing of their SQL, so behind a
+        # pooler another client's statement of the same name could answer.
+        with self.conn.transaction():
+            return self._statement(Execute(stmt, params))
+
+    def _channel(self) -> Channel:
+        local = self._local
+        channel: Channel | None = getattr(local, "channel", None)
+        if channel is None or channel.conn is not self.conn:
+            channel = local.channel = Channel(self.conn)
+        return channel

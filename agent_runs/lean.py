@@ -1,0 +1,111 @@
+"""The worker's lean transitions: answers it needs without a second read, and batches (one
+statement for many runs, each under its own lock and rule). Plans (agent_runs.steps), mixed into
+both repository faces."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from agent_runs import validation as check
+from agent_runs.claims import LEASE_EXPIRED_MESSAGE, claim, next_claim
+from agent_runs.models import AgentRun, ClaimedRun, Finish, RunStatus
+from agent_runs.rows import aware, run_of
+from agent_runs.steps import Execute, Plan, planned
+from agent_runs.transport import Row, statement
+
+
+class LeanTransitions:
+    """get_run_by_owner, claim_next_attempt(s), renew_leases and finish_runs."""
+
+    @planned
+    def get_run_by_owner(self, worker_id: str) -> Plan[AgentRun | None]:
+        """The live run whose lease this owner token holds, if any (e.g. after a lost reply)."""
+        params = {"worker_id": check.worker_id(worker_id)}
+        rows: list[Row] = yield Execute(statement("get_run_by_owner"), params)
+        return run_of(rows[0]) if rows else None
+
+    @planned
+    def claim_next_attempt(
+        self,
+        *,
+        worker_id: str,
+        lease_seconds: float,
+        now: datetime | None = None,
+        agent_slugs: list[str] | None = None,
+    ) -> Plan[ClaimedRun | None]:
+        """claim_next that also answers the attempt_no it opened (no second read needed)."""
+        rows = yield from claim(
+            "claim_next", next_claim(worker_id, lease_seconds, now, agent_slugs)
+        )
+        return ClaimedRun(run_of(rows[0]), int(rows[0]["attempt_no"])) if rows else None
+
+    @planned
+    def claim_next_attempts(
+        self,
+        *,
+        worker_ids: Sequence[str],
+        lease_seconds: float,
+        now: datetime | None = None,
+        agent_slugs: list[str] | None = None,
+    ) -> Plan[list[ClaimedRun]]:
+        """claim_next for up to one run per owner token, in one statement: the n-th oldest
+        claimable run goes to worker_ids[n], each with claim_next's rules and attempt facts;
+        fewer (or none) when fewer are claimable. In FIFO order."""
+        rows = yield from claim(
+            "claim_next_attempts",
+            {
+                "worker_ids": check.worker_ids(worker_ids),
+                **check.lease(lease_seconds, now),
+                "agent_slugs": check.agent_slugs(agent_slugs),
+                "lost_message": LEASE_EXPIRED_MESSAGE,
+            },
+        )
+        claimed = [ClaimedRun(run_of(row), int(row["attempt_no"])) for row in rows]
+        claimed.sort(key=lambda c: (c.run.created_at, c.run.id))
+        return claimed
+
+    @planned
+    def renew_leases(
+        self,
+        leases: Mapping[str, str],
+        *,
+        lease_seconds: float,
+        now: datetime | None = None,
+    ) -> Plan[dict[str, RunStatus]]:
+        """renew_lease for many run_id -> worker_id leases in one statement.
+
+        Returns the renewed runs with their current status (a cancel request shows as
+        cancel_requested); refused leases are absent.
+        """
+        run_ids, worker_ids = check.leases(leases)
+        params = {
+            "run_ids": run_ids,
+            "worker_ids": worker_ids,
+            **check.lease(lease_seconds, now),
+        }
+        if not run_ids:
+            return {}
+        rows: list[Row] = yield Execute(statement("renew_leases"), params)
+        return {row["id"]: RunStatus(row["status"]) for row in rows}
+
+    @planned
+    def finish_runs(
+        self, finishes: Sequence[Finish], *, now: datetime | None = None
+    ) -> Plan[dict[str, datetime]]:
+        """set_terminal_status for many runs of their owners, in one statement (each run under
+        its own lock and rule). The lean answer: run_id -> finished_at of each run finished; a
+        refused or missing run is absent (ask set_terminal_status or get_run why)."""
+        run_ids, worker_ids, statuses, error_types, error_messages = check.finishes(finishes)
+        rows: list[Row] = yield Execute(
+            statement("finish_runs"),
+            {
+                "run_ids": run_ids,
+                "worker_ids": worker_ids,
+                "statuses": statuses,
+                "error_types": error_types,
+                "error_messages": error_messages,
+                "now": check.now(now),
+            },
+        )
+        return {row["id"]: aware(row["finished_at"]) for row in rows}
