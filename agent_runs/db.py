@@ -80,6 +80,13 @@ class _NotingPool(ConnectionPool[psycopg.Connection[Any]]):
         super().putconn(conn)
 
 
+def connection_options(kwargs: dict[str, Any], pool_parameters: frozenset[str]) -> None:
+    """Move the keywords a pool does not take into its `kwargs` (options of every connection)."""
+    options = {k: kwargs.pop(k) for k in list(kwargs) if k not in pool_parameters}
+    if options:
+        kwargs["kwargs"] = {**(kwargs.get("kwargs") or {}), **options}
+
+
 def create_pool(
     dsn: str, *, min_size: int = 1, max_size: int = 10, open: bool = True, **kwargs: Any
 ) -> ConnectionPool:
@@ -90,9 +97,7 @@ def create_pool(
     Keywords that ConnectionPool does not take are connection options, passed to every
     connection it opens (merged into its `kwargs`): `create_pool(dsn, prepare_threshold=None)`.
     """
-    options = {k: kwargs.pop(k) for k in list(kwargs) if k not in _POOL_PARAMETERS}
-    if options:
-        kwargs["kwargs"] = {**(kwargs.get("kwargs") or {}), **options}
+    connection_options(kwargs, _POOL_PARAMETERS)
     kwargs.setdefault("configure", _configure)
     kwargs.update(min_size=min_size, max_size=max_size, open=open)
     if "check" not in kwargs:

@@ -13,17 +13,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from agent_runs.sql import query
-from agent_runs.steps import (
-    Done,
-    Execute,
-    Failed,
-    Plan,
-    Step,
-    Stream,
-    Transaction,
-    advance,
-    pull,
-)
+from agent_runs.steps import Done, Execute, Failed, Plan, Step, Stream, Transaction, advance, pull
 from agent_runs.transport import Channel, Row, Statement, rows_of
 
 _T = TypeVar("_T")

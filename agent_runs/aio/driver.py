@@ -1,0 +1,154 @@
+"""AsyncDriver: how the asyncio repository carries out its plans (agent_runs.steps) on one
+psycopg AsyncConnection.
+
+A transition is one statement: on an idle autocommit connection it runs alone, which makes it
+its own transaction in one round trip (no BEGIN/COMMIT to wait for); inside a transaction of
+the caller's it runs in a savepoint, as the synchronous face does. Statements are never
+prepared (behind a transaction pooler psycopg's statement names could meet another client's).
+
+Cancellation: psycopg answers a task cancelled while a statement runs by cancelling it on the
+server and reading the connection back to idle (a statement cancelled there is rolled back
+whole; one that had committed stays, and the CancelledError comes after it). Whatever
+interrupts a call, a connection it cannot prove idle (or back in the caller's transaction) is
+closed, so no later call, and no pool, can inherit a transaction in an unknown state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from typing import Any, Final, TypeVar
+
+import psycopg
+from psycopg import pq
+from psycopg.rows import tuple_row
+
+from agent_runs.sql import query
+from agent_runs.steps import Done, Execute, Failed, Plan, Step, Stream, Transaction, advance, pull
+from agent_runs.transport import Row, shape
+
+_T = TypeVar("_T")
+_IDLE: Final = pq.TransactionStatus.IDLE
+_INTRANS: Final = pq.TransactionStatus.INTRANS
+_INERROR: Final = pq.TransactionStatus.INERROR
+
+
+def idle(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether `conn` is open and outside any transaction."""
+    return not conn.closed and conn.info.transaction_status == _IDLE
+
+
+class _Turns:
+    """A connection's two locks: `turn`, held by a whole call or `transaction()` so that tasks
+    sharing the connection take turns; `call`, held by each call, so that tasks that joined a
+    transaction (see `turn`) still send their calls one at a time."""
+
+    __slots__ = ("call", "turn")
+
+    def __init__(self) -> None:
+        self.turn = asyncio.Lock()
+        self.call = asyncio.Lock()
+
+
+_turns: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], _Turns] = (
+    weakref.WeakKeyDictionary()
+)
+# The connections whose turn this context holds: calls made inside `transaction()`, by its task
+# or by tasks it starts (they copy its context), run inside it instead of waiting for it.
+_holding: ContextVar[frozenset[int]] = ContextVar("agent_runs_aio_holding", default=frozenset())
+
+
+def _locks(conn: psycopg.AsyncConnection[Any]) -> _Turns:
+    found = _turns.get(conn)
+    return _turns.setdefault(conn, _Turns()) if found is None else found
+
+
+@asynccontextmanager
+async def turn(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
+    """Hold `conn`'s turn (unless this context holds it already)."""
+    holding = _holding.get()
+    if id(conn) in holding:
+        yield
+        return
+    async with _locks(conn).turn:
+        token = _holding.set(holding | {id(conn)})
+        try:
+            yield
+        finally:
+            _holding.reset(token)
+
+
+class AsyncDriver:
+    """The asyncio face's plumbing: runs plans on `self.conn`."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.conn = conn
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """A transaction of yours around several calls, holding the connection's turn: other
+        tasks' calls on the connection wait until it ends instead of running inside it. A call
+        inside it is a savepoint; if the block raises (a cancellation too), it all rolls back."""
+        async with turn(self.conn):
+            before = self.conn.info.transaction_status
+            try:
+                async with self.conn.transaction():
+                    yield
+            except BaseException:
+                await self._settle(before)
+                raise
+
+    async def _drive(self, plan: Plan[_T]) -> _T:
+        """Carry a call's plan out, holding the connection's turn from start to end."""
+        async with turn(self.conn), _locks(self.conn).call:
+            before = self.conn.info.transaction_status
+            try:
+                return await self._through(plan, inside=False)
+            except BaseException:
+                await self._settle(before)
+                raise
+
+    async def _through(self, plan: Plan[_T], *, inside: bool) -> _T:
+        step = advance(plan, None)
+        while not isinstance(step, Done):
+            step = advance(plan, await self._answer(step, inside=inside))
+        return step.value
+
+    async def _iterate(self, stream: Stream[_T]) -> AsyncIterator[_T]:
+        """Hand out a stream's items, each fetched as a call of its own."""
+        while not isinstance(item := await self._drive(pull(stream)), Done):
+            yield item.value
+
+    async def _answer(self, step: Step, *, inside: bool) -> object:
+        """A step's answer (rows, or a sub-plan's value), or its database error as Failed."""
+        conn = self.conn
+        try:
+            if isinstance(step, Transaction):
+                async with conn.transaction():
+                    return await self._through(step.plan, inside=True)
+            if inside or (conn.autocommit and conn.info.transaction_status == _IDLE):
+                return await self._statement(step)  # alone: its own transaction
+            async with conn.transaction():  # a savepoint in the caller's transaction
+                return await self._statement(step)
+        except psycopg.Error as exc:
+            return Failed(exc)
+
+    async def _statement(self, step: Execute) -> list[Row]:
+        cur = self.conn.cursor(binary=True, row_factory=tuple_row)
+        await cur.execute(query(step.stmt.file), step.params, prepare=False)
+        found = shape(tuple(column.name for column in cur.description or ()))
+        return [Row(found, values) for values in await cur.fetchall()]
+
+    async def _settle(self, before: pq.TransactionStatus) -> None:
+        """After an interrupted call: close the connection unless it is where the call found it
+        (idle, or inside the caller's transaction, perhaps failed, which its owner rolls back)."""
+        conn = self.conn
+        if conn.closed:
+            return
+        status = conn.info.transaction_status
+        if status == _IDLE or (before != _IDLE and status in (_INTRANS, _INERROR)):
+            return
+        await conn.close()

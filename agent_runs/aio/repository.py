@@ -1,0 +1,69 @@
+"""AsyncAgentRunRepository: every method of AgentRunRepository as a coroutine, over one psycopg
+AsyncConnection, driving the very same plans (agent_runs.steps): the same sql/ files, checks,
+values and errors; one round trip per transition."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from typing import Any, ParamSpec, TypeVar, cast
+
+from agent_runs.aio.driver import AsyncDriver
+from agent_runs.repository import AgentRunRepository as Sync
+from agent_runs.steps import Planned
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _coroutine(method: Planned[_P, _T]) -> Planned[_P, Coroutine[Any, Any, _T]]:
+    """The synchronous face's method as a coroutine method: awaits its plan on this face."""
+    plan = method.plan
+
+    async def call(face: AsyncDriver, /, *args: Any, **kwargs: Any) -> Any:
+        return await face._drive(plan(face, *args, **kwargs))
+
+    return Planned(plan, call)
+
+
+def _stream(method: Planned[_P, Iterator[_T]]) -> Planned[_P, AsyncIterator[_T]]:
+    """A stream method: the same one, whose face's `_iterate` is an async generator here."""
+    return cast("Planned[_P, AsyncIterator[_T]]", method)
+
+
+class AsyncAgentRunRepository(AsyncDriver):
+    """AgentRunRepository for asyncio: `await repo.create_run(...)`, `async with
+    repo.transaction(): ...`, `async for batch in repo.prune_batches(...)`.
+
+    Each call runs in its own transaction (a lone statement on an idle autocommit connection,
+    a savepoint inside the caller's transaction); tasks sharing the connection take turns. A
+    task cancelled during a call leaves the connection idle (or closed) and the transition
+    whole or absent: a CancelledError can arrive after the commit, so read the run to know.
+    """
+
+    # creating and reading
+    create_run = _coroutine(Sync.create_run)
+    get_run = _coroutine(Sync.get_run)
+    get_run_by_owner = _coroutine(Sync.get_run_by_owner)
+    list_run_attempts = _coroutine(Sync.list_run_attempts)
+    get_open_attempt = _coroutine(Sync.get_open_attempt)
+    # ownership
+    mark_running = _coroutine(Sync.mark_running)
+    claim_next = _coroutine(Sync.claim_next)
+    claim_next_attempt = _coroutine(Sync.claim_next_attempt)
+    claim_next_attempts = _coroutine(Sync.claim_next_attempts)
+    renew_lease = _coroutine(Sync.renew_lease)
+    renew_leases = _coroutine(Sync.renew_leases)
+    release_lease_for_retry = _coroutine(Sync.release_lease_for_retry)
+    # finishing
+    set_terminal_status = _coroutine(Sync.set_terminal_status)
+    finish_runs = _coroutine(Sync.finish_runs)
+    request_cancel = _coroutine(Sync.request_cancel)
+    reconcile_expired_leases = _coroutine(Sync.reconcile_expired_leases)
+    record_run_manifest = _coroutine(Sync.record_run_manifest)
+    # operating
+    list_runs = _coroutine(Sync.list_runs)
+    list_run_summaries = _coroutine(Sync.list_run_summaries)
+    request_cancel_tree = _coroutine(Sync.request_cancel_tree)
+    run_stats = _coroutine(Sync.run_stats)
+    prune_finished_runs = _coroutine(Sync.prune_finished_runs)
+    prune_batches = _stream(Sync.prune_batches)

@@ -1,0 +1,177 @@
+"""The repository's contract against both faces, in one suite: the rule-by-rule tests of
+test_repository.py and test_operations.py are collected here again, each run with this module's
+`repo` fixture: AgentRunRepository, AsyncAgentRunRepository (called through a blocking adapter
+on a private event loop) and, where PgBouncer is installed, AsyncAgentRunRepository through
+PgBouncer in transaction mode. Not a copy: the same test functions."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from agent_runs import AgentRunRepository, InvalidArgument, aio
+from agent_runs.devtools.pgbouncer import PgBouncer, pgbouncer, pgbouncer_binary
+from tests.helpers import Call, Runs
+from tests.test_operations import (  # noqa: F401 - collected here with this module's repo
+    listed,
+    test_cancel_tree_of_an_unknown_run_is_refused,
+    test_cancel_tree_reaches_below_terminal_children_and_only_reports_changes,
+    test_list_runs_filters_and_their_combinations,
+    test_list_runs_is_newest_first_with_attempt_counts,
+    test_list_runs_refuses_bad_arguments_by_name,
+    test_list_runs_since_a_timestamp,
+    test_prune_deletes_old_trees_with_their_attempts_and_keeps_the_rest,
+    test_prune_dry_run_counts_without_deleting,
+    test_prune_never_deletes_a_tree_that_gained_a_child_its_first_step_did_not_see,
+    test_prune_refuses_bad_arguments_by_name,
+    test_run_stats_counts_the_window_and_the_queue,
+)
+from tests.test_repository import (  # noqa: F401 - collected here with this module's repo
+    test_a_cancel_requested_run_may_only_become_cancelled,
+    test_a_claim_after_a_retry_release_keeps_started_at_and_opens_the_next_attempt,
+    test_a_durable_cancel_wins_the_completion_race,
+    test_a_lease_is_expired_exactly_at_its_expiry,
+    test_a_pending_run_can_be_failed_or_cancelled_without_an_owner,
+    test_a_pending_run_refuses_other_terminal_transitions,
+    test_a_running_run_may_not_become_cancelled_even_by_its_owner,
+    test_a_second_active_run_on_a_thread_raises_thread_busy_and_writes_nothing,
+    test_a_terminal_run_is_never_changed_again,
+    test_an_expired_owner_is_refused_everywhere_before_and_after_reconciliation,
+    test_an_initial_claim_converges_a_forged_open_attempt_to_lease_expired,
+    test_an_initial_claim_makes_the_run_running_and_opens_attempt_one,
+    test_an_initial_claim_of_an_ownerless_cancel_requested_run_keeps_it_cancel_requested,
+    test_cancelling_a_pending_run_that_never_started_cancels_it_at_once,
+    test_cancelling_a_running_run_asks_its_owner_who_keeps_the_lease,
+    test_claim_next_filters_by_agent_slugs,
+    test_claim_next_is_fifo_by_created_at_then_id,
+    test_claim_next_returns_none_when_nothing_is_claimable,
+    test_create_run_stores_a_pending_run_with_no_lease_and_no_attempt,
+    test_create_run_uses_the_given_run_id_type_and_parent,
+    test_mark_running_refuses_a_running_run_it_may_not_take,
+    test_only_the_live_owner_can_finish_a_running_run,
+    test_readers_of_a_missing_run_return_nothing,
+    test_record_run_manifest_refuses_anyone_but_the_live_owner_of_a_running_run,
+    test_release_for_retry_is_refused_to_a_stale_or_expired_owner,
+    test_release_for_retry_returns_the_run_to_pending_and_finishes_the_attempt,
+    test_renew_lease_is_refused_to_a_stale_or_expired_owner,
+    test_renew_lease_moves_the_run_and_its_open_attempt_forward,
+    test_the_live_owner_records_the_manifest_once,
+    test_the_owner_finishes_a_running_run_and_its_attempt_with_the_same_classification,
+    test_the_reconciler_converges_every_kind_of_lost_run,
+    test_the_reconciler_respects_its_limit,
+    test_the_same_live_owner_claiming_again_refreshes_its_lease_without_a_new_attempt,
+    test_the_same_request_id_returns_the_existing_run_whatever_its_status,
+    test_values_are_frozen_dataclasses_with_utc_timestamps,
+)
+from tests.test_validation import CASES
+
+FACES = ("sync", "async", "async-pgbouncer")
+
+
+class BlockingFace:
+    """AsyncAgentRunRepository called synchronously: each call runs to its end on the runner's
+    event loop. Streams come back as lists; `transaction()` is a plain context manager (the
+    runner keeps one context across calls, so calls inside it join it as tasks would)."""
+
+    def __init__(self, runner: asyncio.Runner, repo: aio.AsyncAgentRunRepository) -> None:
+        self.runner = runner
+        self.repo = repo
+        self.conn = repo.conn
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self.repo, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            answer = method(*args, **kwargs)
+            if inspect.isasyncgen(answer):
+                return iter(self.runner.run(_listed(answer)))
+            return self.runner.run(answer)
+
+        return call
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        block = self.repo.transaction()
+        self.runner.run(block.__aenter__())
+        try:
+            yield
+        except BaseException as exc:
+            if not self.runner.run(block.__aexit__(type(exc), exc, exc.__traceback__)):
+                raise
+        else:
+            self.runner.run(block.__aexit__(None, None, None))
+
+
+async def _listed(items: AsyncIterator[Any]) -> list[Any]:
+    return [item async for item in items]
+
+
+@contextmanager
+def blocking_face(url: str, **options: Any) -> Iterator[BlockingFace]:
+    """The async repository on a connection of its own to `url`, called synchronously."""
+    with asyncio.Runner() as runner:
+        aconn = runner.run(aio.connect(url, **options))
+        try:
+            yield BlockingFace(runner, aio.AsyncAgentRunRepository(aconn))
+        finally:
+            runner.run(aconn.close())
+
+
+@pytest.fixture(scope="module")
+def tx_bouncer(pg_server: Any) -> Iterator[PgBouncer | None]:
+    if pgbouncer_binary() is None:
+        yield None
+        return
+    with pgbouncer(pg_server.admin_url, mode="transaction", pool_size=2) as started:
+        yield started
+
+
+@pytest.fixture(params=FACES)
+def repo(
+    request: pytest.FixtureRequest,
+    dsn: str,
+    conn: psycopg.Connection[Any],
+    tx_bouncer: PgBouncer | None,
+) -> Iterator[Any]:
+    """The face under test (overrides conftest's `repo` for the tests collected here)."""
+    if request.param == "sync":
+        yield AgentRunRepository(conn)
+    elif request.param == "async":
+        with blocking_face(dsn) as face:
+            yield face
+    else:
+        if tx_bouncer is None:
+            pytest.skip("pgbouncer is not installed (CI installs it)")
+        with blocking_face(tx_bouncer.url_for(dsn), prepare_threshold=None) as face:
+            yield face
+
+
+def test_the_async_face_has_every_public_method_of_the_sync_one() -> None:
+    public = {n for n in dir(AgentRunRepository) if not n.startswith("_")}
+    assert public <= set(dir(aio.AsyncAgentRunRepository))
+    for name in public - {"conn"}:
+        ours = inspect.signature(getattr(aio.AsyncAgentRunRepository, name)).parameters
+        assert ours == inspect.signature(getattr(AgentRunRepository, name)).parameters, name
+    unbound = object.__new__(aio.AsyncAgentRunRepository)
+    assert inspect.iscoroutinefunction(unbound.create_run)
+    assert not inspect.iscoroutinefunction(object.__new__(AgentRunRepository).create_run)
+
+
+@pytest.mark.parametrize(("argument", "call"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_the_async_face_refuses_a_bad_argument_before_any_sql_runs(
+    pg_server: Any, argument: str, call: Call
+) -> None:
+    """On a closed connection any SQL would fail: only the shared validation can answer."""
+    with blocking_face(pg_server.admin_url) as face:
+        face.runner.run(face.conn.close())
+        fake = Runs(pending="pending-run", running="running-run", now=datetime.now(UTC))
+        with pytest.raises(InvalidArgument) as refused:
+            call(face, fake)  # type: ignore[arg-type]
+        assert argument in str(refused.value)
