@@ -1,0 +1,147 @@
+"""agent_runs.aio.wait_for_run: awaits a run's end over LISTEN/NOTIFY with the poll fallback,
+refuses what the synchronous one refuses, and leaves its connection idle, whatever ends it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from agent_runs import AgentRun, AgentRunRepository, InvalidArgument, RunStatus, aio
+from agent_runs.aio import notify as aio_notify
+from tests.helpers import new_run
+
+Conn = psycopg.Connection[Any]
+AsyncConn = psycopg.AsyncConnection[Any]
+
+
+async def _channels(aconn: AsyncConn) -> list[str]:
+    cur = await aconn.execute("SELECT pg_listening_channels()")
+    return [row[0] for row in await cur.fetchall()]
+
+
+async def _wait_while(
+    dsn: str, run_id: str, timeout: float, meanwhile: Callable[[], object] | None = None
+) -> tuple[AgentRun, list[str]]:
+    """wait_for_run on a fresh connection, `meanwhile` run in a thread once it waits; the run
+    it returned and the channels its connection still listens on."""
+    async with await aio.connect(dsn) as aconn:
+        waiting = asyncio.create_task(aio.wait_for_run(aconn, run_id, timeout_seconds=timeout))
+        if meanwhile is not None:
+            await asyncio.sleep(0.1)
+            await asyncio.to_thread(meanwhile)
+        done = await waiting
+        return done, await _channels(aconn)
+
+
+def test_wait_for_run_returns_when_the_run_completes(dsn: str, repo: AgentRunRepository) -> None:
+    run = new_run(repo)
+    assert repo.mark_running(run.id, worker_id="w", lease_seconds=60).acquired
+    done, channels = asyncio.run(
+        _wait_while(
+            dsn,
+            run.id,
+            30,
+            lambda: repo.set_terminal_status(run.id, status="completed", worker_id="w"),
+        )
+    )
+    assert done.id == run.id and done.status == RunStatus.COMPLETED
+    assert channels == []  # UNLISTENed, idle and usable
+
+
+def test_wait_for_run_returns_a_finished_run_at_once_even_with_no_time_left(
+    dsn: str, repo: AgentRunRepository
+) -> None:
+    run = new_run(repo)
+    repo.request_cancel(run.id)
+    done, _ = asyncio.run(_wait_while(dsn, run.id, 0))
+    assert done.status == RunStatus.CANCELLED
+
+
+def test_wait_for_run_polls_when_no_notification_comes(
+    dsn: str, repo: AgentRunRepository, observer: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(aio_notify, "WAIT_POLL_SECONDS", 0.05)
+    run = new_run(repo)
+
+    def finish_silently() -> None:  # as if the notification was lost (e.g. behind a pooler)
+        observer.execute(
+            "UPDATE agent_runs SET status = 'cancelled', finished_at = now() WHERE id = %s",
+            (run.id,),
+        )
+
+    done, _ = asyncio.run(_wait_while(dsn, run.id, 30, finish_silently))
+    assert done.status == RunStatus.CANCELLED
+
+
+def test_wait_for_run_times_out_and_leaves_the_connection_usable(
+    dsn: str, repo: AgentRunRepository
+) -> None:
+    run = new_run(repo)
+
+    async def scenario() -> None:
+        async with await aio.connect(dsn) as aconn:
+            with pytest.raises(TimeoutError, match="pending"):
+                await aio.wait_for_run(aconn, run.id, timeout_seconds=0.3)
+            with pytest.raises(TimeoutError):
+                await aio.wait_for_run(aconn, run.id, timeout_seconds=0)
+            assert await _channels(aconn) == []
+            assert await aio.AsyncAgentRunRepository(aconn).get_run(run.id) == run
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_wait_leaves_the_connection_idle_and_unlistened(
+    dsn: str, repo: AgentRunRepository
+) -> None:
+    run = new_run(repo)
+
+    async def scenario() -> None:
+        async with await aio.connect(dsn) as aconn:
+            waiting = asyncio.create_task(aio.wait_for_run(aconn, run.id, timeout_seconds=30))
+            await asyncio.sleep(0.2)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert await _channels(aconn) == []
+            with pytest.raises(TimeoutError):  # asyncio's own timeout works the same way
+                async with asyncio.timeout(0.2):
+                    await aio.wait_for_run(aconn, run.id, timeout_seconds=30)
+            assert await _channels(aconn) == []
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("run_id", "timeout", "match"),
+    [
+        ("no-such-run", 1.0, "no such run"),
+        ("", 1.0, "run_id"),
+        ("a\x00b", 1.0, "run_id"),
+        ("ok", -1, "timeout_seconds"),
+        ("ok", float("nan"), "timeout_seconds"),
+        ("ok", "5", "timeout_seconds"),
+    ],
+)
+def test_wait_for_run_refuses_bad_arguments_and_unknown_runs(
+    dsn: str, run_id: str, timeout: Any, match: str
+) -> None:
+    async def scenario() -> None:
+        async with await aio.connect(dsn) as aconn:
+            with pytest.raises(InvalidArgument, match=match):
+                await aio.wait_for_run(aconn, run_id, timeout_seconds=timeout)
+            assert await _channels(aconn) == []
+
+    asyncio.run(scenario())
+
+
+def test_wait_for_run_refuses_a_connection_inside_a_transaction(dsn: str) -> None:
+    async def scenario() -> None:
+        async with await aio.connect(dsn) as aconn, aconn.transaction():
+            with pytest.raises(InvalidArgument, match="idle autocommit"):
+                await aio.wait_for_run(aconn, "any", timeout_seconds=1)
+
+    asyncio.run(scenario())
