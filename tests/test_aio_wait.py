@@ -4,7 +4,7 @@ refuses what the synchronous one refuses, and leaves its connection idle, whatev
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import psycopg
@@ -21,6 +21,16 @@ AsyncConn = psycopg.AsyncConnection[Any]
 async def _channels(aconn: AsyncConn) -> list[str]:
     cur = await aconn.execute("SELECT pg_listening_channels()")
     return [row[0] for row in await cur.fetchall()]
+
+
+def _on_connection(dsn: str, body: Callable[[AsyncConn], Coroutine[Any, Any, None]]) -> None:
+    """Run `body` on a fresh async connection to `dsn`, in an event loop of its own."""
+
+    async def scenario() -> None:
+        async with await aio.connect(dsn) as aconn:
+            await body(aconn)
+
+    asyncio.run(scenario())
 
 
 async def _wait_while(
@@ -66,14 +76,9 @@ def test_wait_for_run_polls_when_no_notification_comes(
 ) -> None:
     monkeypatch.setattr(aio_notify, "WAIT_POLL_SECONDS", 0.05)
     run = new_run(repo)
-
-    def finish_silently() -> None:  # as if the notification was lost (e.g. behind a pooler)
-        observer.execute(
-            "UPDATE agent_runs SET status = 'cancelled', finished_at = now() WHERE id = %s",
-            (run.id,),
-        )
-
-    done, _ = asyncio.run(_wait_while(dsn, run.id, 30, finish_silently))
+    silent = "UPDATE agent_runs SET status = 'cancelled', finished_at = now() WHERE id = %s"
+    # As if the notification was lost (e.g. behind a pooler): only a poll can see the end.
+    done, _ = asyncio.run(_wait_while(dsn, run.id, 30, lambda: observer.execute(silent, [run.id])))
     assert done.status == RunStatus.CANCELLED
 
 
@@ -82,16 +87,15 @@ def test_wait_for_run_times_out_and_leaves_the_connection_usable(
 ) -> None:
     run = new_run(repo)
 
-    async def scenario() -> None:
-        async with await aio.connect(dsn) as aconn:
-            with pytest.raises(TimeoutError, match="pending"):
-                await aio.wait_for_run(aconn, run.id, timeout_seconds=0.3)
-            with pytest.raises(TimeoutError):
-                await aio.wait_for_run(aconn, run.id, timeout_seconds=0)
-            assert await _channels(aconn) == []
-            assert await aio.AsyncAgentRunRepository(aconn).get_run(run.id) == run
+    async def body(aconn: AsyncConn) -> None:
+        with pytest.raises(TimeoutError, match="pending"):
+            await aio.wait_for_run(aconn, run.id, timeout_seconds=0.3)
+        with pytest.raises(TimeoutError):
+            await aio.wait_for_run(aconn, run.id, timeout_seconds=0)
+        assert await _channels(aconn) == []
+        assert await aio.AsyncAgentRunRepository(aconn).get_run(run.id) == run
 
-    asyncio.run(scenario())
+    _on_connection(dsn, body)
 
 
 def test_a_cancelled_wait_leaves_the_connection_idle_and_unlistened(
@@ -99,20 +103,19 @@ def test_a_cancelled_wait_leaves_the_connection_idle_and_unlistened(
 ) -> None:
     run = new_run(repo)
 
-    async def scenario() -> None:
-        async with await aio.connect(dsn) as aconn:
-            waiting = asyncio.create_task(aio.wait_for_run(aconn, run.id, timeout_seconds=30))
-            await asyncio.sleep(0.2)
-            waiting.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await waiting
-            assert await _channels(aconn) == []
-            with pytest.raises(TimeoutError):  # asyncio's own timeout works the same way
-                async with asyncio.timeout(0.2):
-                    await aio.wait_for_run(aconn, run.id, timeout_seconds=30)
-            assert await _channels(aconn) == []
+    async def body(aconn: AsyncConn) -> None:
+        waiting = asyncio.create_task(aio.wait_for_run(aconn, run.id, timeout_seconds=30))
+        await asyncio.sleep(0.2)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert await _channels(aconn) == []
+        with pytest.raises(TimeoutError):  # asyncio's own timeout works the same way
+            async with asyncio.timeout(0.2):
+                await aio.wait_for_run(aconn, run.id, timeout_seconds=30)
+        assert await _channels(aconn) == []
 
-    asyncio.run(scenario())
+    _on_connection(dsn, body)
 
 
 @pytest.mark.parametrize(
@@ -129,19 +132,18 @@ def test_a_cancelled_wait_leaves_the_connection_idle_and_unlistened(
 def test_wait_for_run_refuses_bad_arguments_and_unknown_runs(
     dsn: str, run_id: str, timeout: Any, match: str
 ) -> None:
-    async def scenario() -> None:
-        async with await aio.connect(dsn) as aconn:
-            with pytest.raises(InvalidArgument, match=match):
-                await aio.wait_for_run(aconn, run_id, timeout_seconds=timeout)
-            assert await _channels(aconn) == []
+    async def body(aconn: AsyncConn) -> None:
+        with pytest.raises(InvalidArgument, match=match):
+            await aio.wait_for_run(aconn, run_id, timeout_seconds=timeout)
+        assert await _channels(aconn) == []
 
-    asyncio.run(scenario())
+    _on_connection(dsn, body)
 
 
 def test_wait_for_run_refuses_a_connection_inside_a_transaction(dsn: str) -> None:
-    async def scenario() -> None:
-        async with await aio.connect(dsn) as aconn, aconn.transaction():
+    async def body(aconn: AsyncConn) -> None:
+        async with aconn.transaction():
             with pytest.raises(InvalidArgument, match="idle autocommit"):
                 await aio.wait_for_run(aconn, "any", timeout_seconds=1)
 
-    asyncio.run(scenario())
+    _on_connection(dsn, body)
