@@ -82,15 +82,6 @@ def _decode_cursor(value: object) -> tuple[datetime, str]:
     return created_at, check.identifier("before", run_id)
 
 
-def _aware(name: str, value: datetime) -> datetime:
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidArgument(f"{name} must be timezone-aware (naive datetimes are ambiguous)")
-    utc = value.astimezone(UTC)
-    if not check.TIME_MIN <= utc < check.TIME_MAX:
-        raise InvalidArgument(f"{name} must lie in [{check.TIME_MIN}, {check.TIME_MAX}) UTC")
-    return utc
-
-
 def _span(name: str, value: object, *, allow_zero: bool = False) -> float:
     """A timedelta as seconds: > 0 (or >= 0) and at most 100 years."""
     if not isinstance(value, timedelta):
@@ -106,7 +97,7 @@ def _since(value: object) -> tuple[datetime | None, float | None]:
     if value is None:
         return None, None
     if isinstance(value, datetime):
-        return _aware("since", value), None
+        return check.instant("since", value), None
     if isinstance(value, timedelta):
         return None, _span("since", value, allow_zero=True)
     raise InvalidArgument(f"since must be an aware datetime or a timedelta, not {value!r}")

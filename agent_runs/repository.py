@@ -75,6 +75,11 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, SyncDriver):
             "created_by_run_id": check.optional_identifier("created_by_run_id", created_by_run_id),
             "run_id": new_run_id() if run_id is None else check.identifier("run_id", run_id),
         }
+        if params["created_by_run_id"] is not None and params["created_by_run_id"] == run_id:
+            raise InvalidArgument(
+                f"created_by_run_id {created_by_run_id!r} is the run's own run_id: a run cannot "
+                "be its own parent"
+            )
         try:
             rows: list[Row] = yield Execute(statement("create_run"), params)
             if not rows:  # request_id seen before: a new statement sees its run

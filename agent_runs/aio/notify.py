@@ -1,9 +1,12 @@
-"""wait_for_run for asyncio: await a run's end, woken by agent_runs_finished, with the same
-poll fallback as the synchronous one (agent_runs.notify)."""
+"""wait_for_run for asyncio: await a run's end, woken by agent_runs_finished, with the rules of
+the synchronous one (agent_runs.notify): the poll fallback, a deadline that holds under a flood
+of other runs' notifications (the clock is read at each one; a flooded waiter stops listening
+and polls)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import psycopg
@@ -17,8 +20,9 @@ from agent_runs.notify import (
     _LISTEN_FINISHED,
     _UNLISTEN_FINISHED,
     FINISHED_CHANNEL,
+    FLOOD_NOTIFICATIONS,
+    FLOODED_POLL_SECONDS,
     WAIT_POLL_SECONDS,
-    _timeout_seconds,
 )
 
 
@@ -30,39 +34,69 @@ async def wait_for_run(
     Raises InvalidArgument for bad arguments or an unknown run, TimeoutError when the run is not
     terminal after `timeout_seconds`. `conn` must be an idle autocommit AsyncConnection; it
     LISTENs on agent_runs_finished only during the call and is left idle afterwards (closed if a
-    cancellation left it in an unknown state). Wrap it in `asyncio.timeout` or cancel it freely.
+    cancellation left it in an unknown state). Cancel it, or wrap it in `asyncio.timeout`,
+    freely.
     """
     run_id = check.identifier("run_id", run_id)
-    timeout = _timeout_seconds(timeout_seconds)
+    timeout = check.timeout_seconds(timeout_seconds)
     if not conn.autocommit or not idle(conn):
         raise InvalidArgument("conn must be an idle autocommit connection (LISTEN needs it)")
-    repo = AsyncAgentRunRepository(conn)
+    waiter = _Waiter(conn, run_id, deadline=time.monotonic() + timeout)
     # LISTEN before the first read: a run that ends after the read is then always notified.
     await conn.execute(_LISTEN_FINISHED, prepare=False)
     try:
-        run = await _read(repo, run_id, "no such run")
-        try:
-            async with asyncio.timeout(timeout if not run.is_terminal else None):
-                while not run.is_terminal:
-                    # A wake-up, or the poll interval: read the run again either way.
-                    async for notify in conn.notifies(timeout=WAIT_POLL_SECONDS):
-                        if notify.channel == FINISHED_CHANNEL and notify.payload == run_id:
-                            break
-                    run = await _read(repo, run_id, "the run was deleted while waiting")
-        except TimeoutError:
-            raise TimeoutError(
-                f"run {run_id!r} is still {run.status} after {timeout:g} seconds"
-            ) from None
+        run = await waiter.read("no such run")
+        while not run.is_terminal:
+            if time.monotonic() >= waiter.deadline:
+                raise TimeoutError(
+                    f"run {run_id!r} is still {run.status} after {timeout:g} seconds"
+                )
+            await waiter.pause()
+            run = await waiter.read("the run was deleted while waiting")
         return run
     finally:
         await _unlisten(conn)
 
 
-async def _read(repo: AsyncAgentRunRepository, run_id: str, missing: str) -> AgentRun:
-    run = await repo.get_run(run_id)
-    if run is None:
-        raise InvalidArgument(f"run_id {run_id!r}: {missing}")
-    return run
+class _Waiter:
+    """One wait_for_run call: its connection, run, deadline, and whether it still listens."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], run_id: str, deadline: float) -> None:
+        self.conn = conn
+        self.repo = AsyncAgentRunRepository(conn)
+        self.run_id = run_id
+        self.deadline = deadline
+        self.listening = True
+
+    async def read(self, missing: str) -> AgentRun:
+        run = await self.repo.get_run(self.run_id)
+        if run is None:
+            raise InvalidArgument(f"run_id {self.run_id!r}: {missing}")
+        return run
+
+    async def pause(self) -> None:
+        """Until the run's notification, the poll interval, or the deadline, whichever is first;
+        a flooded connection stops listening, and the waiter polls from then on."""
+        until = min(self.deadline, time.monotonic() + WAIT_POLL_SECONDS)
+        if not self.listening:
+            await asyncio.sleep(min(FLOODED_POLL_SECONDS, max(0.0, until - time.monotonic())))
+            return
+        others = 0
+        async for notify in self.conn.notifies(timeout=max(0.0, until - time.monotonic())):
+            if notify.channel == FINISHED_CHANNEL and notify.payload == self.run_id:
+                return
+            others += 1
+            if others > FLOOD_NOTIFICATIONS:
+                # Every statement on this connection would queue behind others' notifications:
+                # stop them at their source, drop what came before UNLISTEN, and poll.
+                self.listening = False
+                await self.conn.execute(_UNLISTEN_FINISHED, prepare=False)
+                async for _ in self.conn.notifies(timeout=0):
+                    if time.monotonic() >= self.deadline:
+                        break
+                return
+            if time.monotonic() >= until:
+                return
 
 
 async def _unlisten(conn: psycopg.AsyncConnection[Any]) -> None:

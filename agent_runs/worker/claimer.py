@@ -19,7 +19,6 @@ or the worker stops) is released for retry at once.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from psycopg_pool import PoolClosed
 from agent_runs import validation as check
 from agent_runs.backoff import Backoff
 from agent_runs.errors import DB_ERRORS
+from agent_runs.logs import logger
 from agent_runs.models import AgentRun
 from agent_runs.worker.heartbeat import Lease
 from agent_runs.worker.text import one_line
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from agent_runs.notify import Wakeups
     from agent_runs.worker.runtime import Worker
 
-log = logging.getLogger("agent_runs.worker")
+log = logger("agent_runs.worker")
 
 # Longest single wait of the claimer or of a thread waiting for a run, so that a stop event set
 # by the caller (without request_stop) is seen promptly.
