@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -104,4 +104,6 @@ class RunContext:
         return self._worker.with_lease_retry(self._lease, write, "record the manifest")
 
 
-Agent = Callable[[AgentRun, RunContext], AgentResult]
+# A coroutine agent (`async def agent(run, ctx)`) runs on its worker thread's event loop
+# (agent_runs.worker.coroutines).
+Agent = Callable[[AgentRun, RunContext], AgentResult | Awaitable[AgentResult]]

@@ -16,6 +16,7 @@ and the writing live in outcome.py and completer.py.
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import threading
@@ -39,6 +40,7 @@ from agent_runs.worker.batching import GroupCommit
 from agent_runs.worker.claimer import WAIT_SLICE_SECONDS, Claimed, Claimer, Slot
 from agent_runs.worker.completer import Completer, run_as_written
 from agent_runs.worker.connection import connection
+from agent_runs.worker.coroutines import await_agent
 from agent_runs.worker.flusher import Flusher
 from agent_runs.worker.heartbeat import HeartbeatService, Lease
 from agent_runs.worker.outcome import CANCELLED, RELEASE, Decision, Ending, decide
@@ -525,9 +527,13 @@ class _ClaimNotSent(Exception):
 
 
 def _call(agent: Agent, run: AgentRun, ctx: RunContext) -> Ending:
-    """Run the agent; whatever it returns or raises becomes an Ending (nothing escapes)."""
+    """Run the agent (a coroutine agent on this thread's event loop); whatever it returns or
+    raises becomes an Ending (nothing escapes)."""
     try:
-        return Ending(returned=agent(run, ctx))
+        returned: object = agent(run, ctx)
+        if inspect.isawaitable(returned):
+            returned = await_agent(returned, ctx.should_stop)
+        return Ending(returned=returned)
     except BaseException as exc:  # every way an agent can end is a fact to record
         return Ending(raised=exc)
 
