@@ -184,6 +184,32 @@ def test_a_stopping_worker_cancels_the_coroutine_and_releases_the_run(
     assert [a.outcome for a in repo.list_run_attempts(run.id)] == ["retry_released"]
 
 
+async def hung_agent(run: AgentRun, ctx: RunContext) -> AgentResult:
+    """A stuck execution: no more heartbeats, and it ignores the worker's cancel."""
+    ctx.stop_heartbeat()
+    for _ in range(2):
+        try:
+            await asyncio.sleep(0.75 * ctx.lease_seconds)
+        except asyncio.CancelledError:
+            SEEN.append((threading.current_thread(), asyncio.get_running_loop()))
+    return AgentResult.completed()
+
+
+def test_a_coroutine_that_outlives_its_lease_is_cancelled_and_its_late_completion_refused(
+    pool: ConnectionPool, repo: AgentRunRepository
+) -> None:
+    SEEN.clear()
+    run = new_run(repo)
+    with make_worker(pool, hung_agent, lease_seconds=0.5, heartbeat_seconds=0.1) as worker:
+        ended = worker.run_once()
+    assert len(SEEN) == 1  # the worker cancelled it once the lease had expired
+    # Its completion came after the lease: refused, nothing changed; the reconciler converges.
+    assert ended is not None and ended.id == run.id and ended.status == RunStatus.RUNNING
+    (converged,) = repo.reconcile_expired_leases()
+    assert (converged.status, converged.error_type) == ("failed", "worker_lease_expired")
+    assert [a.outcome for a in repo.list_run_attempts(run.id)] == ["lease_expired"]
+
+
 # -- end to end --------------------------------------------------------------------------------
 
 
