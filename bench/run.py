@@ -20,6 +20,7 @@ from psycopg import sql
 
 import agent_runs
 from bench import (
+    aio_phase,
     drain_phase,
     heartbeat_scale_phase,
     lean_floor,
@@ -378,12 +379,14 @@ def summarize_wal(
 # -- the run --------------------------------------------------------------------------------------
 
 # Phases about deployment and operation, each on a fresh database: pickup latency and idle load
-# (wake-ups), the operator's queries at scale, the repository through PgBouncer, heartbeats of
-# 10,000 live leases, and the drain rate of one worker process.
+# (wake-ups), the operator's queries at scale, the repository through PgBouncer, the asyncio
+# repository beside the sync one, heartbeats of 10,000 live leases, and the drain rate of one
+# worker process.
 DEPLOYMENT_PHASES: Final = (
     ("pickup", pickup_phase),
     ("operator", operator_phase),
     ("pooler", pooler_phase),
+    ("aio", aio_phase),
     ("heartbeat_scale", heartbeat_scale_phase),
     ("drain", drain_phase),
 )
