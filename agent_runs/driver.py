@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from agent_runs.sql import query
-from agent_runs.steps import Done, Execute, Failed, Plan, Step, Stream, Transaction, advance, pull
+from agent_runs.steps import Done, Execute, Failed, Plan, Step, Stream, Transaction, next_step, pull
 from agent_runs.transport import Channel, Row, Statement, rows_of
 
 _T = TypeVar("_T")
@@ -59,10 +59,13 @@ class SyncDriver:
             return self._through(plan, inside=False)
 
     def _through(self, plan: Plan[_T], *, inside: bool) -> _T:
-        step = advance(plan, None)
-        while not isinstance(step, Done):
-            step = advance(plan, self._answer(step, inside=inside))
-        return step.value
+        answer: object = None
+        try:
+            while True:
+                answer = self._answer(next_step(plan, answer), inside=inside)
+        except StopIteration as done:
+            value: _T = done.value
+            return value
 
     def _iterate(self, stream: Stream[_T]) -> Iterator[_T]:
         """Hand out a stream's items, each fetched as a call of its own."""

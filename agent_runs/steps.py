@@ -21,17 +21,14 @@ import functools
 import inspect
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
-from types import MethodType
 from typing import (
     TYPE_CHECKING,
     Any,
     Concatenate,
     Generic,
     ParamSpec,
-    Self,
     TypeAlias,
     TypeVar,
-    overload,
 )
 
 if TYPE_CHECKING:
@@ -44,10 +41,15 @@ _P = ParamSpec("_P")
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-@dataclass(frozen=True, slots=True)
 class Execute:
-    stmt: Statement  # agent_runs.transport.statement("<name of the sql/ file>")
-    params: Mapping[str, Any]
+    """Run `stmt` (agent_runs.transport.statement("<name of the sql/ file>")) with `params`.
+    (A plain class: made on every call, it is the cheapest to make.)"""
+
+    __slots__ = ("params", "stmt")
+
+    def __init__(self, stmt: Statement, params: Mapping[str, Any]) -> None:
+        self.stmt = stmt
+        self.params = params
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +69,13 @@ Plan: TypeAlias = Generator[Step, Any, _T]
 Stream: TypeAlias = Generator[Step | Emit[_T], Any, None]
 
 
-@dataclass(frozen=True, slots=True)
 class Failed:
     """A step's database error, to be thrown into the plan at its yield."""
 
-    error: BaseException
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,14 @@ def advance(plan: Generator[_Y, Any, _T], answer: object) -> _Y | Done[_T]:
         return plan.send(answer)
     except StopIteration as stop:
         return Done(stop.value)
+
+
+def next_step(plan: Plan[Any], answer: object) -> Step:
+    """Send a step's answer (or throw its `Failed` error) into a plan: its next step. Raises
+    StopIteration, carrying the plan's value, when it is done."""
+    if type(answer) is Failed:
+        return plan.throw(answer.error)
+    return plan.send(answer)
 
 
 def pull(stream: Stream[_T]) -> Plan[Emit[_T] | Done[None]]:
@@ -119,46 +131,32 @@ def as_method(plan: Callable[..., Any], method: _F, *, add_self: bool = False) -
     return method
 
 
-class Planned(Generic[_P, _R]):
-    """A repository method written as its plan (`def m(self, ...) -> Plan[T]`), as a method
-    of a face: `method(face, *args)` drives the plan made by `plan(face, *args)` on that face
-    and answers what the face answers (the value; an awaitable of it on the asyncio face).
-    The plan stays reachable as `.plan` (`AgentRunRepository.get_run.plan`), so the asyncio
-    face drives the very same plans. A plan never relies on `self` being one face or the
-    other: `self` only leads it to the other plans."""
-
-    def __init__(self, plan: Callable[Concatenate[Any, _P], Any], method: Callable[..., _R]):
-        self.plan = plan
-        self._method = as_method(plan, method)
-        functools.update_wrapper(self, plan)
-
-    @overload
-    def __get__(self, obj: None, owner: type[Any]) -> Self: ...
-    @overload
-    def __get__(self, obj: object, owner: type[Any]) -> Callable[_P, _R]: ...
-    def __get__(self, obj: object, owner: type[Any]) -> Self | Callable[_P, _R]:
-        if obj is None:
-            return self
-        return MethodType(self._method, obj)
-
-    def __call__(self, face: Any, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        """On the class, the method as a plain function: `AgentRunRepository.get_run(repo, id)`."""
-        return self._method(face, *args, **kwargs)
-
-
-def planned(plan: Callable[Concatenate[Any, _P], Plan[_T]]) -> Planned[_P, _T]:
-    """Decorator: a method written as its plan; the face's `_drive` carries it out."""
+def planned(plan: Callable[Concatenate[Any, _P], Plan[_T]]) -> Callable[Concatenate[Any, _P], _T]:
+    """Decorator: a repository method written as its plan (`def m(self, ...) -> Plan[T]`)
+    becomes a method that has its face drive the plan (`face._drive`) and answers what the face
+    answers: the value (an awaitable of it on the asyncio face, see `plan_of`). A plan never
+    relies on `self` being one face or the other: `self` only leads it to other plans."""
 
     def method(face: Any, /, *args: Any, **kwargs: Any) -> Any:
         return face._drive(plan(face, *args, **kwargs))
 
-    return Planned(plan, method)
+    method.plan = plan  # type: ignore[attr-defined]
+    return as_method(plan, method)
 
 
-def planned_stream(plan: Callable[Concatenate[Any, _P], Stream[_T]]) -> Planned[_P, Iterator[_T]]:
+def planned_stream(
+    plan: Callable[Concatenate[Any, _P], Stream[_T]],
+) -> Callable[Concatenate[Any, _P], Iterator[_T]]:
     """Decorator: a method written as a stream; the face's `_iterate` hands out its items."""
 
     def method(face: Any, /, *args: Any, **kwargs: Any) -> Any:
         return face._iterate(plan(face, *args, **kwargs))
 
-    return Planned(plan, method)
+    method.plan = plan  # type: ignore[attr-defined]
+    return as_method(plan, method)
+
+
+def plan_of(method: Callable[Concatenate[Any, _P], _R]) -> Callable[Concatenate[Any, _P], Any]:
+    """The plan a `planned` (or `planned_stream`) method drives, for another face to drive."""
+    plan: Callable[Concatenate[Any, _P], Any] = vars(method)["plan"]
+    return plan

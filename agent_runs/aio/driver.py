@@ -27,7 +27,7 @@ from psycopg import pq
 from psycopg.rows import tuple_row
 
 from agent_runs.sql import query
-from agent_runs.steps import Done, Execute, Failed, Plan, Step, Stream, Transaction, advance, pull
+from agent_runs.steps import Done, Execute, Failed, Plan, Step, Stream, Transaction, next_step, pull
 from agent_runs.transport import Row, shape
 
 _T = TypeVar("_T")
@@ -112,10 +112,13 @@ class AsyncDriver:
                 raise
 
     async def _through(self, plan: Plan[_T], *, inside: bool) -> _T:
-        step = advance(plan, None)
-        while not isinstance(step, Done):
-            step = advance(plan, await self._answer(step, inside=inside))
-        return step.value
+        answer: object = None
+        try:
+            while True:
+                answer = await self._answer(next_step(plan, answer), inside=inside)
+        except StopIteration as done:
+            value: _T = done.value
+            return value
 
     async def _iterate(self, stream: Stream[_T]) -> AsyncIterator[_T]:
         """Hand out a stream's items, each fetched as a call of its own."""

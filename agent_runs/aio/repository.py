@@ -4,30 +4,35 @@ values and errors; one round trip per transition."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Coroutine, Iterator
-from typing import Any, ParamSpec, TypeVar, cast
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from agent_runs.aio.driver import AsyncDriver
 from agent_runs.repository import AgentRunRepository as Sync
-from agent_runs.steps import Planned
+from agent_runs.steps import as_method, plan_of
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-def _coroutine(method: Planned[_P, _T]) -> Planned[_P, Coroutine[Any, Any, _T]]:
-    """The synchronous face's method as a coroutine method: awaits its plan on this face."""
-    plan = method.plan
+def _coroutine(
+    method: Callable[Concatenate[Any, _P], _T],
+) -> Callable[Concatenate[AsyncDriver, _P], Coroutine[Any, Any, _T]]:
+    """The synchronous face's method as a coroutine method that awaits the same plan here."""
+    plan = plan_of(method)
 
     async def call(face: AsyncDriver, /, *args: Any, **kwargs: Any) -> Any:
         return await face._drive(plan(face, *args, **kwargs))
 
-    return Planned(plan, call)
+    call.plan = plan  # type: ignore[attr-defined]
+    return as_method(plan, call)
 
 
-def _stream(method: Planned[_P, Iterator[_T]]) -> Planned[_P, AsyncIterator[_T]]:
+def _stream(
+    method: Callable[Concatenate[Any, _P], Iterator[_T]],
+) -> Callable[Concatenate[AsyncDriver, _P], AsyncIterator[_T]]:
     """A stream method: the same one, whose face's `_iterate` is an async generator here."""
-    return cast("Planned[_P, AsyncIterator[_T]]", method)
+    return cast("Callable[Concatenate[AsyncDriver, _P], AsyncIterator[_T]]", method)
 
 
 class AsyncAgentRunRepository(AsyncDriver):
