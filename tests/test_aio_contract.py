@@ -15,9 +15,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import pq
 
 from agent_runs import AgentRunRepository, InvalidArgument, aio
 from agent_runs.devtools.pgbouncer import PgBouncer, pgbouncer, pgbouncer_binary
+from bench.protocol import traced
 from tests.helpers import Call, Runs
 from tests.test_operations import (  # noqa: F401 - collected here with this module's repo
     listed,
@@ -175,3 +177,27 @@ def test_the_async_face_refuses_a_bad_argument_before_any_sql_runs(
         with pytest.raises(InvalidArgument) as refused:
             call(face, fake)  # type: ignore[arg-type]
         assert argument in str(refused.value)
+
+
+ROUND_TRIP_CALLS: dict[str, Callable[[BlockingFace, str], object]] = {
+    "create_run": lambda f, _: f.create_run(
+        thread_id="t2", agent_slug="agent", uid="u", request_id="r2"
+    ),
+    "get_run": lambda f, run_id: f.get_run(run_id),
+    "mark_running": lambda f, run_id: f.mark_running(run_id, worker_id="w:1", lease_seconds=30),
+    "claim_next": lambda f, _: f.claim_next(worker_id="w:2", lease_seconds=30),
+    "request_cancel": lambda f, run_id: f.request_cancel(run_id),
+    "set_terminal_status": lambda f, run_id: f.set_terminal_status(
+        run_id, status="failed", error_type="e", error_message="m"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", ROUND_TRIP_CALLS)
+def test_each_async_transition_is_one_statement_in_one_round_trip(dsn: str, name: str) -> None:
+    with blocking_face(dsn) as face:
+        run = face.create_run(thread_id="t1", agent_slug="agent", uid="u", request_id="r1")
+        with traced(face.conn) as counts:  # type: ignore[arg-type]
+            ROUND_TRIP_CALLS[name](face, run.id)
+        assert (counts.round_trips, counts.statements) == (1, 1), counts.commands
+        assert face.conn.info.transaction_status == pq.TransactionStatus.IDLE
