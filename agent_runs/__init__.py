@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agent_runs import aio  # the asyncio face: agent_runs.aio.connect, ...
 from agent_runs.db import connect, create_pool
 from agent_runs.errors import AgentRunsError, InvalidArgument, NotLeaseOwner, ThreadBusy
 from agent_runs.models import (
@@ -49,6 +50,7 @@ __all__ = [
     "ThreadBusy",
     "Transition",
     "WorkerStats",
+    "aio",
     "connect",
     "create_pool",
     "manifest_fingerprint",
