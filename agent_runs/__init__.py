@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from agent_runs.db import connect, create_pool
 from agent_runs.errors import AgentRunsError, InvalidArgument, NotLeaseOwner, ThreadBusy
+from agent_runs.fingerprint import manifest_fingerprint
 from agent_runs.models import (
     AgentRun,
     AttemptOutcome,
@@ -13,7 +14,6 @@ from agent_runs.models import (
     RunAttempt,
     RunStatus,
     Transition,
-    manifest_fingerprint,
 )
 from agent_runs.notify import CLAIMABLE_CHANNEL, FINISHED_CHANNEL, wait_for_run
 from agent_runs.operations import (

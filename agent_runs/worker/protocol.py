@@ -8,7 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from agent_runs.models import AgentRun, RunStatus, manifest_fingerprint
+from agent_runs.fingerprint import manifest_fingerprint
+from agent_runs.models import AgentRun, RunStatus
 from agent_runs.repository import AgentRunRepository
 from agent_runs.worker.heartbeat import HeartbeatService, Lease
 
