@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib import metadata
+
 from agent_runs.db import connect, create_pool
 from agent_runs.errors import AgentRunsError, InvalidArgument, NotLeaseOwner, ThreadBusy
 from agent_runs.fingerprint import manifest_fingerprint
@@ -26,6 +28,8 @@ from agent_runs.operations import (
     runs_cursor,
 )
 from agent_runs.repository import AgentRunRepository
+
+__version__ = metadata.version("agent_runs")
 
 __all__ = [
     "CLAIMABLE_CHANNEL",
