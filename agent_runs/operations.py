@@ -19,8 +19,10 @@ from agent_runs import validation as check
 from agent_runs.durations import MAX_DURATION
 from agent_runs.errors import InvalidArgument
 from agent_runs.models import AgentRun, RunStatus
+from agent_runs.rows import run_of as _run
 from agent_runs.sql import query
 from agent_runs.transport import Row, rows_of
+from agent_runs.turns import turns
 
 if TYPE_CHECKING:
     import psycopg
@@ -133,12 +135,6 @@ def _decode_cursor(value: object) -> tuple[datetime, str]:
     if created_at.tzinfo is None or not isinstance(run_id, str):
         raise bad
     return created_at, check.identifier("before", run_id)
-
-
-def _run(row: Row) -> AgentRun:
-    from agent_runs.repository import _run as run_of  # the repository imports this module
-
-    return run_of(row)
 
 
 def _span(name: str, value: object, *, allow_zero: bool = False) -> float:
@@ -420,8 +416,6 @@ class OperatorQueries:
     def _prune_batch(self, params: dict[str, Any]) -> tuple[Row, Row]:
         """One batch in its own transaction: lock whole trees, then (a new statement, so a new
         snapshot) check nothing was added below them, and delete."""
-        from agent_runs.repository import turns  # the repository imports this module
-
         with turns(self.conn), self.conn.transaction():
             cur = self.conn.cursor()
             cur.execute(query("prune_finished_runs"), params, prepare=False)
