@@ -5,7 +5,6 @@ sharing the connection taking turns call by call."""
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -15,25 +14,9 @@ import psycopg
 from agent_runs.sql import query
 from agent_runs.steps import Done, Execute, Failed, Plan, Step, Stream, Transaction, next_step, pull
 from agent_runs.transport import Channel, Row, Statement, rows_of
+from agent_runs.turns import turns
 
 _T = TypeVar("_T")
-
-# One re-entrant lock per connection, shared by every repository on it: a public call holds it
-# from its first statement to its last, so threads sharing a connection take turns call by call
-# (psycopg's own conn.lock is per statement, and not re-entrant).
-_turns: weakref.WeakKeyDictionary[psycopg.Connection[Any], threading.RLock] = (
-    weakref.WeakKeyDictionary()
-)
-_turns_made = threading.Lock()
-
-
-def turns(conn: psycopg.Connection[Any]) -> threading.RLock:
-    """The lock every repository call on `conn` holds for its whole duration."""
-    lock = _turns.get(conn)
-    if lock is None:
-        with _turns_made:
-            lock = _turns.setdefault(conn, threading.RLock())
-    return lock
 
 
 class SyncDriver:

@@ -10,7 +10,7 @@ from datetime import datetime
 from agent_runs import validation as check
 from agent_runs.claims import LEASE_EXPIRED_MESSAGE, claim, next_claim
 from agent_runs.models import AgentRun, ClaimedRun, Finish, RunStatus
-from agent_runs.rows import aware, run_of
+from agent_runs.rows import run_of, utc
 from agent_runs.steps import Execute, Plan, planned
 from agent_runs.transport import Row, statement
 
@@ -108,4 +108,4 @@ class LeanTransitions:
                 "now": check.now(now),
             },
         )
-        return {row["id"]: aware(row["finished_at"]) for row in rows}
+        return {row["id"]: utc(row["finished_at"]) for row in rows}

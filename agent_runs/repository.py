@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 
 from agent_runs import validation as check
 from agent_runs.claims import LEASE_EXPIRED_MESSAGE, claim, new_run_id, next_claim
-from agent_runs.driver import SyncDriver, turns
+from agent_runs.driver import SyncDriver
 from agent_runs.errors import (
     UQ_ONE_ACTIVE_PER_THREAD,
     InvalidArgument,
@@ -32,7 +32,7 @@ from agent_runs.rows import attempt_of, run_of
 from agent_runs.steps import Execute, Plan, Transaction, planned
 from agent_runs.transport import Row, statement
 
-__all__ = ["LEASE_EXPIRED_MESSAGE", "AgentRunRepository", "new_run_id", "turns"]
+__all__ = ["LEASE_EXPIRED_MESSAGE", "AgentRunRepository", "new_run_id"]
 
 
 class AgentRunRepository(OperatorQueries, LeanTransitions, SyncDriver):

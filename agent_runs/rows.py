@@ -1,4 +1,4 @@
-"""Result rows as values: a run, an attempt, a timestamp in UTC."""
+"""A statement's row as a value: AgentRun and RunAttempt, their timestamps as UTC."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ _RUN_TIMESTAMPS: Final = tuple(i for i, n in enumerate(_RUN_FIELDS) if n in _TIM
 _ATTEMPT_TIMESTAMPS: Final = tuple(i for i, n in enumerate(_ATTEMPT_FIELDS) if n in _TIMESTAMPS)
 
 
-def aware(value: datetime) -> datetime:
+def utc(value: datetime) -> datetime:
     """A timestamp as UTC (psycopg gives the session's time zone)."""
     return value if value.tzinfo is UTC else value.astimezone(UTC)
 
@@ -37,7 +37,7 @@ def _utc(fields_: list[Any], stamps: tuple[int, ...]) -> list[Any]:
     for i in stamps:
         value = fields_[i]
         if value is not None:
-            fields_[i] = aware(value)
+            fields_[i] = utc(value)
     return fields_
 
 

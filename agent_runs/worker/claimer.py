@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from psycopg_pool import PoolClosed
 
@@ -37,7 +38,6 @@ from agent_runs.worker.text import one_line
 
 if TYPE_CHECKING:
     from agent_runs.notify import Wakeups
-    from agent_runs.worker.runtime import Worker
 
 log = logger("agent_runs.worker")
 
@@ -69,10 +69,34 @@ class Claimed:
     attempt_no: int | None  # None: found after a lost reply, the thread reads its attempt
 
 
+class ClaimingWorker(Protocol):
+    """What the claimer needs of the worker it claims for (agent_runs.worker.Worker)."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def lease_seconds(self) -> float: ...
+
+    @property
+    def connection_timeout(self) -> float: ...
+
+    @property
+    def poll_seconds(self) -> float: ...
+
+    def listener(self) -> Wakeups | None: ...
+
+    def maybe_reconcile(self) -> list[AgentRun]: ...
+
+    def claim_for_slots(self, count: int) -> list[Claimed]: ...
+
+    def release_unstarted(self, claimed: Sequence[Claimed]) -> None: ...
+
+
 class Claimer:
     """Claims for the free slots of the process's `run_forever` threads (module docstring)."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: ClaimingWorker) -> None:
         self._worker = worker
         self._changed = threading.Condition()
         self._slots: list[Slot] = []  # one per run_forever thread
