@@ -17,10 +17,10 @@ import psycopg
 import pytest
 from psycopg import pq
 
-from agent_runs import AgentRunRepository, InvalidArgument, aio
+from agent_runs import AgentRunRepository, InvalidArgument, ThreadBusy, aio
 from agent_runs.devtools.pgbouncer import PgBouncer, pgbouncer, pgbouncer_binary
 from bench.protocol import traced
-from tests.helpers import Call, Runs
+from tests.helpers import OWNER, Call, Runs, new_run, row_counts
 from tests.test_operations import (  # noqa: F401 - collected here with this module's repo
     listed,
     test_cancel_tree_of_an_unknown_run_is_refused,
@@ -201,3 +201,21 @@ def test_each_async_transition_is_one_statement_in_one_round_trip(dsn: str, name
             ROUND_TRIP_CALLS[name](face, run.id)
         assert (counts.round_trips, counts.statements) == (1, 1), counts.commands
         assert face.conn.info.transaction_status == pq.TransactionStatus.IDLE
+
+
+def test_calls_in_a_transaction_commit_or_roll_back_together_and_a_refusal_does_not_abort_it(
+    repo: Any, observer: psycopg.Connection[Any]
+) -> None:
+    """`with repo.transaction():` (`async with` on the async face) composes calls."""
+    with pytest.raises(RuntimeError), repo.transaction():
+        run = new_run(repo)
+        assert repo.mark_running(run.id, worker_id=OWNER, lease_seconds=30).acquired
+        raise RuntimeError("the caller changes its mind")
+    assert row_counts(observer) == (0, 0)
+    with repo.transaction():
+        run = new_run(repo)
+        with pytest.raises(ThreadBusy):  # refused inside a savepoint: the transaction goes on
+            new_run(repo, thread_id=run.thread_id)
+        claim = repo.mark_running(run.id, worker_id=OWNER, lease_seconds=30)
+    assert claim.acquired and row_counts(observer) == (1, 1)
+    assert repo.conn.info.transaction_status == pq.TransactionStatus.IDLE
