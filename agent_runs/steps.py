@@ -13,6 +13,10 @@ error means what); a face only knows how to run a statement. `AgentRunRepository
   can map it.
 - `Transaction(plan)`: run a sub-plan inside one explicit transaction; send back its value.
 - `Emit(value)`: a stream's next item (`prune_batches`): the face hands it to its caller.
+
+A repository method is written as its plan and decorated `@planned`: the synchronous face
+drives it in place (agent_runs.driver); the asyncio face takes the same plan (`plan_of`) and
+awaits it (agent_runs.aio.driver).
 """
 
 from __future__ import annotations
@@ -117,16 +121,14 @@ def pull(stream: Stream[_T]) -> Plan[Emit[_T] | Done[None]]:
             answer = Failed(exc)
 
 
-def as_method(plan: Callable[..., Any], method: _F, *, add_self: bool = False) -> _F:
-    """`method` dressed as the plan it drives: the plan's name, docstring and signature (with
-    `self` put in front when the plan has none), for help() and inspect."""
+def as_method(plan: Callable[..., Any], method: _F) -> _F:
+    """`method` dressed as the plan it drives: the plan's name, docstring and signature (its
+    return annotation left out: the face decides what a call answers), for help() and
+    inspect."""
     functools.update_wrapper(method, plan)
     signature = inspect.signature(plan)
-    parameters = list(signature.parameters.values())
-    if add_self:
-        parameters.insert(0, inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY))
     method.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=parameters, return_annotation=inspect.Signature.empty
+        return_annotation=inspect.Signature.empty
     )
     return method
 
