@@ -76,7 +76,9 @@ def test_login_sets_a_strict_httponly_cookie_that_is_not_the_token(
         "/login", data={"token": TOKEN}, headers={"origin": "https://evil.example"}
     )
     assert cross.status_code == 403 and "set-cookie" not in cross.headers
-    ok = guarded_client.post("/login", data={"token": TOKEN}, headers=ORIGIN, follow_redirects=False)
+    ok = guarded_client.post(
+        "/login", data={"token": TOKEN}, headers=ORIGIN, follow_redirects=False
+    )
     assert ok.status_code == 303
     cookie = ok.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
@@ -168,7 +170,9 @@ def test_cancel_tree_follows_request_cancel_tree(
         f"/cancel-tree/{root.id}", data={"csrf": _csrf(confirm.text)}, headers=ORIGIN
     )
     assert response.status_code == 200
-    statuses = {r.id: r.status for r in (repo.get_run(x.id) for x in (root, child, grandchild, done)) if r}
+    statuses = {
+        r.id: r.status for r in (repo.get_run(x.id) for x in (root, child, grandchild, done)) if r
+    }
     assert statuses == {
         root.id: "cancel_requested",
         child.id: "cancelled",  # pending, never started

@@ -57,7 +57,7 @@ def per_minute_chart(minutes: Sequence[Minute]) -> Chart:
         bars.append(Bar(x, slot - 2, baseline - done, done, "bar-completed", label))
         other = minute.other * scale
         bars.append(Bar(x, slot - 2, baseline - done - other, other, "bar-other", label))
-        if i % 15 == 0 or i == len(minutes) - 1:
+        if i % 15 == 0:
             ticks.append((x, f"{minute.start:%H:%M}"))
     total = sum(m.completed + m.other for m in minutes)
     return Chart(
@@ -104,6 +104,6 @@ def attempt_timeline(attempts: Sequence[RunAttempt], now: datetime) -> Timeline 
         seconds = max(finish - attempt.started_at, timedelta(0)).total_seconds()
         label = f"attempt {attempt.attempt_no}: {outcome}, {seconds:.1f}s"
         spans.append(
-            Span(attempt.attempt_no, x, width, row * ROW_HEIGHT + 4, f"o-{outcome}", label)
+            Span(attempt.attempt_no, x, width, row * ROW_HEIGHT + 4, f"s-{outcome}", label)
         )
     return Timeline(WIDTH, len(spans) * ROW_HEIGHT + 8, tuple(spans), start, end)
