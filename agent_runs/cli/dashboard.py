@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import signal
 import sys
+from types import FrameType
 from typing import Any, Final
 
 from agent_runs.cli.common import UsageError, connect_options, resolve_dsn
@@ -96,13 +98,29 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        uvicorn.run(
-            app,
-            host=args.host,
-            port=args.port,
-            root_path=args.root_path,
-            log_level="warning",
-            proxy_headers=True,
-            server_header=False,
-        )
+        # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: our handler
+        # then turns it into a normal exit (0) instead of death by signal.
+        previous = signal.signal(signal.SIGTERM, _stopped)
+        try:
+            uvicorn.run(
+                app,
+                host=args.host,
+                port=args.port,
+                root_path=args.root_path,
+                log_level="warning",
+                proxy_headers=True,
+                server_header=False,
+            )
+        except _Stopped:
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+class _Stopped(Exception):
+    """SIGTERM arrived (after uvicorn's graceful shutdown)."""
+
+
+def _stopped(signum: int, frame: FrameType | None) -> None:
+    raise _Stopped
