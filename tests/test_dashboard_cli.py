@@ -16,9 +16,10 @@ import pytest
 from agent_runs import AgentRunRepository
 from tests.fix_dashboard import TOKEN, finished_run, free_port
 
-httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 from agent_runs.cli.dashboard import TOKEN_ENV, is_loopback
+
+httpx = pytest.importorskip("httpx")
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -68,8 +69,17 @@ def served(dsn: str, *extra: str, env: dict[str, str] | None = None) -> Iterator
     environment = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     environment.update(env or {})
     process = subprocess.Popen(
-        [sys.executable, "-m", "agent_runs", "dashboard", "--dsn", dsn, "--port", str(port)]
-        + list(extra),
+        [
+            sys.executable,
+            "-m",
+            "agent_runs",
+            "dashboard",
+            "--dsn",
+            dsn,
+            "--port",
+            str(port),
+            *extra,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
