@@ -91,7 +91,7 @@ def _scans(plan: dict[str, Any]) -> tuple[set[str], set[str]]:
 
 
 NOW = datetime.now(UTC)
-CASES: Final = {
+CASES: Final[dict[str, tuple[dict[str, Any], set[str]]]] = {
     "dashboard.live": (
         {"now": None},
         {"uq_agent_runs_one_active_per_thread", "ix_agent_runs_live"},
