@@ -20,6 +20,7 @@ from psycopg import sql
 
 import agent_runs
 from bench import (
+    dashboard_phase,
     drain_phase,
     heartbeat_scale_phase,
     lean_floor,
@@ -383,6 +384,7 @@ def summarize_wal(
 DEPLOYMENT_PHASES: Final = (
     ("pickup", pickup_phase),
     ("operator", operator_phase),
+    ("dashboard", dashboard_phase),
     ("pooler", pooler_phase),
     ("heartbeat_scale", heartbeat_scale_phase),
     ("drain", drain_phase),

@@ -310,3 +310,17 @@ def test_concurrent_requests_share_the_pool(client: Any, repo: AgentRunRepositor
     for t in threads:
         t.join()
     assert codes == [200] * 24
+
+
+def test_text_helpers_make_every_character_visible_and_bound_the_length() -> None:
+    from agent_runs.dashboard.text import json_text, shown
+
+    assert shown("a\ud800b") == "a\\ud800b"  # a lone surrogate never reaches the encoder
+    assert shown("\u202eabc\u2066\x1b[0m\r\n") == "\\u202eabc\\u2066\\e[0m\\r\\n"
+    big = shown("x" * 5_000_000)
+    assert big.cut and len(big) < 200 and big.endswith("[4,999,880 more characters]")
+    assert not shown("short").cut
+    document = json_text({"k": "\u202e\u2028\ud800", "n": [1, 2]})
+    assert "\\u202e\\u2028\\ud800" in document and "\u202e" not in document
+    cut = json_text({"k": "y" * 100_000})
+    assert cut.cut and len(cut) < 20_100
