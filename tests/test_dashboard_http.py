@@ -324,3 +324,33 @@ def test_text_helpers_make_every_character_visible_and_bound_the_length() -> Non
     assert "\\u202e\\u2028\\ud800" in document and "\u202e" not in document
     cut = json_text({"k": "y" * 100_000})
     assert cut.cut and len(cut) < 20_100
+
+
+def test_an_unexpected_failure_is_a_500_page_without_a_traceback(blank_dsn: str) -> None:
+    import agent_runs
+
+    # A database that was never migrated: every query fails (UndefinedTable).
+    with (
+        agent_runs.create_pool(blank_dsn, min_size=1, max_size=1) as pool,
+        make_client(create_app(pool)) as client,
+    ):
+        for path in ("/", "/runs", "/runs/x", "/workers"):
+            response = client.get(path)
+            assert response.status_code == 500, path
+            assert_secured(response)
+            assert "<h1>Internal error</h1>" in response.text
+            assert "agent_runs" not in response.text.split("<main", 1)[1]  # no SQL error text
+
+
+def test_a_closed_pool_is_a_503_page(dsn: str) -> None:
+    import agent_runs
+
+    pool = agent_runs.create_pool(dsn, min_size=1, max_size=1)
+    app = create_app(pool)
+    pool.close()
+    with make_client(app) as client:
+        for path in ("/", "/runs", "/healthz"):
+            response = client.get(path)
+            assert response.status_code == 503, path
+            assert_secured(response)
+            assert "Database unavailable" in response.text
