@@ -120,3 +120,50 @@ def test_each_dashboard_query_reads_through_an_index(seeded: Conn, name: str) ->
     indexes, seq = _scans(_plan(seeded, name, params))
     assert not seq & {"agent_runs", "agent_run_attempts"}, (name, seq, indexes)
     assert indexes & expected, (name, indexes)
+
+
+def _list_params(statuses: list[str]) -> dict[str, Any]:
+    return {
+        "before_created_at": None,
+        "before_id": None,
+        "statuses": statuses,
+        "agent_slug": None,
+        "thread_id": None,
+        "uid": None,
+        "worker": None,
+        "since_at": None,
+        "since_seconds": None,
+        "stuck": False,
+        "stuck_after_seconds": 900.0,
+        "limit": 50,
+        "now": None,
+    }
+
+
+@pytest.mark.parametrize(
+    "statuses",
+    [
+        ["failed"],
+        ["completed", "cancelled"],
+        ["pending"],
+        ["running"],
+        ["running", "cancel_requested"],
+    ],
+)
+def test_runs_by_status_never_walk_the_half_that_cannot_hold_them(
+    seeded: Conn, statuses: list[str]
+) -> None:
+    """The dashboard's /runs?status=...: list_runs reads settled runs and live runs as two
+    halves; the half that cannot hold any status asked for is never executed (else its index
+    walk, filtered by an impossible status, read all 1,000,000 runs in 300 ms in the bench)."""
+    row = seeded.execute(
+        "EXPLAIN (ANALYZE, FORMAT JSON, TIMING OFF)\n" + query("list_runs"), _list_params(statuses)
+    ).fetchone()
+    assert row is not None
+    plan = (row[0] if not isinstance(row[0], str) else json.loads(row[0]))[0]["Plan"]
+    executed = [
+        n.get("Index Name", n["Node Type"])
+        for n in _nodes(plan)
+        if n.get("Relation Name") == "agent_runs" and n.get("Actual Loops", 0) > 0
+    ]
+    assert len(executed) == 1, executed  # one half read, the other never started
