@@ -354,3 +354,17 @@ def test_a_closed_pool_is_a_503_page(dsn: str) -> None:
             assert response.status_code == 503, path
             assert_secured(response)
             assert "Database unavailable" in response.text
+
+
+def test_the_days_totals_are_cached_while_the_rest_is_fresh(
+    client: Any, repo: AgentRunRepository
+) -> None:
+    def finished_counts(html: str) -> list[str]:
+        section = html.split('id="finished"', 1)[1].split("</table>", 1)[0]
+        row = section.split("s-completed", 1)[1].split("</tr>", 1)[0]
+        return re.findall(r'<td class="num">([0-9,]+)</td>', row)
+
+    finished_run(repo)
+    assert finished_counts(client.get("/").text) == ["1", "1"]  # last 60 min, last day
+    finished_run(repo)
+    assert finished_counts(client.get("/").text) == ["2", "1"]  # the day's: as of 30 s ago

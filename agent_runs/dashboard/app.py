@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Scope
 
 from agent_runs.dashboard import actions, pages, run_page
 from agent_runs.dashboard.common import Settings
+from agent_runs.dashboard.data import Cached
 from agent_runs.dashboard.guard import Guard
 from agent_runs.dashboard.render import error_page, make_environment
 from agent_runs.errors import InvalidArgument
@@ -100,6 +101,7 @@ def create_app(
         statement_timeout_seconds=float(statement_timeout_seconds),
         secret=secrets.token_bytes(32),
         env=env,
+        cache=Cached(),
     )
 
     async def refuse(scope: Scope, status: int, message: str) -> tuple[bytes, str]:

@@ -16,6 +16,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.requests import Request
 from starlette.responses import Response
 
+from agent_runs.dashboard.data import Cached
 from agent_runs.dashboard.params import BadParameter
 from agent_runs.dashboard.render import error_page
 from agent_runs.errors import InvalidArgument
@@ -36,6 +37,7 @@ class Settings:
     statement_timeout_seconds: float
     secret: bytes
     env: Environment
+    cache: Cached
 
 
 class NotFound(Exception):

@@ -8,6 +8,8 @@ sql/dashboard.*.sql files run here.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ WORKERS_TOP: Final = 200
 TREE_ON_RUN_PAGE: Final = 50
 TREE_PAGE: Final = 1000
 CHILDREN: Final = 50
+DAY_TOTALS_SECONDS: Final = 30.0
 _NON_TERMINAL: Final = ("pending", "running", "cancel_requested")
 
 
@@ -109,12 +112,6 @@ def in_recovery(reader: Reader) -> bool:
     return live(reader).in_recovery
 
 
-def finished_by_status(reader: Reader, window_start: datetime) -> dict[str, int]:
-    """Terminal runs finished since `window_start`, by status (the run_stats part query)."""
-    rows = reader.rows(query("run_stats.runs"), {"window_start": window_start})
-    return {str(r["key"]): int(r["n"]) for r in rows}
-
-
 @dataclass(frozen=True, slots=True)
 class Minute:
     start: datetime
@@ -122,23 +119,68 @@ class Minute:
     other: int
 
 
-def per_minute(reader: Reader, now: datetime) -> list[Minute]:
-    """60 minutes up to now's, each with its completed and otherwise finished runs."""
+@dataclass(frozen=True, slots=True)
+class PerMinute:
+    """The last 60 minutes (the current one included): runs finished in each, and in all by
+    final status."""
+
+    minutes: list[Minute]
+    by_status: dict[str, int]
+
+
+def per_minute(reader: Reader, now: datetime) -> PerMinute:
     rows = reader.rows(query("dashboard.per_minute"), {"now": now})
     last = now.replace(second=0, microsecond=0)
     minutes = [last - timedelta(minutes=59 - i) for i in range(60)]
     completed = {m: 0 for m in minutes}
     other = {m: 0 for m in minutes}
+    by_status: dict[str, int] = {}
     for row in rows:
-        minute = row["minute"]
+        minute, status, n = row["minute"], str(row["status"]), int(row["n"])
         if minute in completed:
-            target = completed if row["status"] == "completed" else other
-            target[minute] += int(row["n"])
-    return [Minute(m, completed[m], other[m]) for m in minutes]
+            (completed if status == "completed" else other)[minute] += n
+            by_status[status] = by_status.get(status, 0) + n
+    return PerMinute([Minute(m, completed[m], other[m]) for m in minutes], by_status)
 
 
-def agents(reader: Reader, window_start: datetime) -> list[dict[str, Any]]:
-    return reader.rows(query("dashboard.agents"), {"window_start": window_start, "top": TOP})
+@dataclass(frozen=True, slots=True)
+class Agents:
+    """Runs finished in a window: by status in all, and per agent (the most failing first)."""
+
+    by_status: dict[str, int]
+    agents: list[dict[str, Any]]
+
+
+class Cached:
+    """The last day's totals, computed at most every DAY_TOTALS_SECONDS per app: they move
+    slowly, cost a pass over a day of finished runs, and every open overview asks for them on
+    each live refresh. Everything else on the pages is read fresh."""
+
+    def __init__(self, seconds: float = DAY_TOTALS_SECONDS) -> None:
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._value: tuple[float, datetime, Agents] | None = None
+
+    def day(self, reader: Reader, now: datetime) -> tuple[Agents, datetime]:
+        """The day's totals and the database time they were computed at."""
+        with self._lock:
+            value = self._value
+        if value is not None and time.monotonic() < value[0]:
+            return value[2], value[1]
+        fresh = agents(reader, now - timedelta(days=1))
+        with self._lock:
+            self._value = (time.monotonic() + self.seconds, now, fresh)
+        return fresh, now
+
+
+def agents(reader: Reader, window_start: datetime) -> Agents:
+    rows = reader.rows(query("dashboard.agents"), {"window_start": window_start, "top": TOP})
+    total = rows[0] if rows and rows[0]["agent"] is None else None
+    statuses = ("completed", "failed", "interrupted", "cancelled")
+    return Agents(
+        by_status={s: int(total[s]) for s in statuses if total and total[s]},
+        agents=[r for r in rows if r["agent"] is not None],
+    )
 
 
 def workers(reader: Reader, window_start: datetime, top: int = WORKERS_TOP) -> list[dict[str, Any]]:

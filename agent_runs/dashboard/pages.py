@@ -20,7 +20,6 @@ from agent_runs.operations import runs_cursor
 
 STUCK_SHOWN: Final = 10
 HOUR: Final = timedelta(hours=1)
-DAY: Final = timedelta(days=1)
 WORKERS_DEFAULT_WINDOW: Final = "1h"
 TERMINAL: Final = ("completed", "failed", "cancelled", "interrupted")
 
@@ -32,12 +31,10 @@ def overview(request: Request) -> Response:
     with data.reading(config.pool, config.statement_timeout_seconds) as reader:
         now = reader.now()
         live = data.live(reader)
-        last_hour = data.finished_by_status(reader, now - HOUR)
-        last_day = data.finished_by_status(reader, now - DAY)
         stats = reader.repo.run_stats(since=HOUR, now=now)
         stuck = reader.repo.list_run_summaries(stuck=True, limit=STUCK_SHOWN + 1, now=now)
         minutes = data.per_minute(reader, now)
-        agents = data.agents(reader, now - DAY)
+        day, day_at = config.cache.day(reader, now)
         workers = data.workers(reader, now - HOUR, data.TOP)
     oldest_pending = live.oldest.get("pending")
     return page(
@@ -51,15 +48,16 @@ def overview(request: Request) -> Response:
             "live": live,
             "live_statuses": ("pending", "running", "cancel_requested"),
             "terminal": TERMINAL,
-            "last_hour": last_hour,
-            "last_day": last_day,
+            "last_hour": minutes.by_status,
+            "last_day": day.by_status,
+            "day_at": day_at,
             "stats": stats,
             "oldest_pending": oldest_pending,
             "oldest_pending_age": None if oldest_pending is None else now - oldest_pending,
             "stuck": stuck[:STUCK_SHOWN],
             "more_stuck": len(stuck) > STUCK_SHOWN,
-            "chart": per_minute_chart(minutes),
-            "agents": agents,
+            "chart": per_minute_chart(minutes.minutes),
+            "agents": day.agents,
             "workers": workers,
         },
     )
