@@ -109,7 +109,11 @@ def live(reader: Reader) -> Live:
 
 
 def in_recovery(reader: Reader) -> bool:
-    return live(reader).in_recovery
+    """True on a hot standby (a replica in recovery): it can only be read."""
+    with reader.conn.cursor() as cur:
+        cur.execute("SELECT pg_is_in_recovery()", prepare=False)
+        row = cur.fetchone()
+    return bool(row and row[0])
 
 
 @dataclass(frozen=True, slots=True)
