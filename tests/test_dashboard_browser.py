@@ -221,3 +221,29 @@ def test_login_with_the_token_in_the_browser(
         assert TOKEN not in str(cookies)
     finally:
         stop(served)
+
+
+_SET_VISIBILITY = """state => {
+    Object.defineProperty(document, "visibilityState", {value: state, configurable: true});
+    Object.defineProperty(document, "hidden", {value: state === "hidden", configurable: true});
+    document.dispatchEvent(new Event("visibilitychange"));
+}"""
+
+
+def test_the_refresh_pauses_while_the_tab_is_hidden(
+    server: Served, open_page: Any, repo: AgentRunRepository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(render, "REFRESH_SECONDS", 1)
+    run = running_run(repo, worker="host-hidden")
+    page = open_page().page
+    page.goto(f"{server.url}/runs/{run.id}")
+    page.locator("#run-head .status.s-running").wait_for()
+    page.evaluate(_SET_VISIBILITY, "hidden")  # as the browser does when the tab is hidden
+    page.get_by_text("live: paused while hidden").wait_for()
+    page.wait_for_timeout(600)  # a refresh already in flight when the tab hid has landed
+    assert run.worker_id is not None
+    repo.set_terminal_status(run.id, status="completed", worker_id=run.worker_id)
+    page.wait_for_timeout(3000)  # three refresh periods: none may happen while hidden
+    assert page.locator("#run-head .status.s-running").count() == 1
+    page.evaluate(_SET_VISIBILITY, "visible")
+    page.locator("#run-head .status.s-completed").wait_for(timeout=5000)
