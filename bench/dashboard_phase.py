@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from typing import Any, Final, LiteralString
 
 import agent_runs
@@ -48,7 +49,9 @@ def _percentile(samples: list[float], q: float) -> float:
 
 
 def run_phase(url: str, quick: bool) -> dict[str, Any]:
-    from starlette.testclient import TestClient
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Starlette's notice that it prefers httpx2 to httpx
+        from starlette.testclient import TestClient
 
     from agent_runs.dashboard import create_app
 

@@ -42,6 +42,7 @@ def test_without_the_token_every_page_is_refused(
         for headers in ({}, {"authorization": "Bearer wrong-token-000"}, {"authorization": TOKEN}):
             response = guarded_client.get(path, headers=headers)
             assert response.status_code == 401, (path, headers)
+            assert response.headers["www-authenticate"].startswith("Bearer")
             assert_secured(response)
             assert run.id not in response.text
         # A token in the URL is never accepted, under any name.

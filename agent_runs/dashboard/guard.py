@@ -122,6 +122,8 @@ class Guard:
         extra: list[tuple[bytes, bytes]] = []
         if status == 405:
             extra.append((b"allow", b"GET, HEAD, POST"))
+        if status == 401:
+            extra.append((b"www-authenticate", b'Bearer realm="agent_runs dashboard"'))
         await _respond(send, status, body, content_type, extra)
 
 
