@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+from html import escape as html_escape
 from typing import Any
 
 import psycopg
@@ -13,6 +14,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from agent_runs import AgentRunRepository
+from agent_runs.explain import explain_run
 from tests.fix_dashboard import TOKEN, assert_secured, finished_run, make_client, running_run
 from tests.helpers import new_run
 
@@ -249,3 +251,9 @@ def test_hostile_strings_render_as_visible_text(
     assert "javascript:alert(document.cookie)" in detail  # shown as text, never as a link
     assert 'href="javascript' not in detail
     assert "more characters]" in detail  # the 5 MB message, cut
+    # The explanation is shown exactly as `agent-runs attempts` words it: escaped once.
+    other = finished_run(repo, status="failed", error_type="e", error_message="\u202eevil\\x")
+    explanation = explain_run(other, repo.list_run_attempts(other.id)).text
+    assert explanation.endswith("e: \\u202eevil\\\\x")
+    head = cancel_client.get(f"/runs/{other.id}").text.split('class="explanation">', 1)[1]
+    assert head.split("</span>", 1)[0] == html_escape(explanation, quote=True)

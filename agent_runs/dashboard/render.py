@@ -48,6 +48,7 @@ def make_environment() -> Environment:
     )
     env.filters.update(
         shown=text.shown,
+        cut=text.cut,
         iso=text.iso,
         json_text=text.json_text,
         seg=segment,

@@ -44,6 +44,16 @@ def shown(value: object, limit: int = CELL_CHARS) -> Shown:
     return out
 
 
+def cut(text: str, limit: int) -> Shown:
+    """Text that is already visible (escaped by its producer, as `explain_run`'s is) cut to
+    `limit` characters with a marker; escaping it again would double its backslashes."""
+    if len(text) <= limit:
+        return Shown(text)
+    out = Shown(f"{text[:limit]} … [{len(text) - limit:,} more characters]")
+    out.cut = True
+    return out
+
+
 def json_text(document: object, limit: int = JSON_CHARS) -> Shown:
     """A JSON document formatted over lines, characters that could hide or reorder text
     written as JSON escapes (still valid JSON), cut to `limit` characters."""
