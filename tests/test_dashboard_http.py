@@ -368,3 +368,9 @@ def test_the_days_totals_are_cached_while_the_rest_is_fresh(
     assert finished_counts(client.get("/").text) == ["1", "1"]  # last 60 min, last day
     finished_run(repo)
     assert finished_counts(client.get("/").text) == ["2", "1"]  # the day's: as of 30 s ago
+
+
+def test_a_404_names_the_run_id_as_visible_text_escaped_once(client: Any) -> None:
+    response = client.get("/runs/a%1Bb%E2%80%AEc%3Cd")
+    assert response.status_code == 404
+    assert "no run with id a\\eb\\u202ec&lt;d" in response.text

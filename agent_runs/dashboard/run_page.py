@@ -16,7 +16,6 @@ from agent_runs.dashboard.common import REPLICA_NOTE, NotFound, guarded, setting
 from agent_runs.dashboard.params import only
 from agent_runs.dashboard.render import page
 from agent_runs.dashboard.text import plain
-from agent_runs.display import escape
 from agent_runs.errors import InvalidArgument
 from agent_runs.explain import explain_run
 from agent_runs.models import AgentRun
@@ -31,12 +30,12 @@ def _run_id(request: Request) -> str:
         return check.identifier("run_id", run_id)
     except InvalidArgument:
         # Not a storable id, so certainly not a run's (no query needed).
-        raise NotFound(f"no run with id {escape(run_id[:200])}") from None
+        raise NotFound(f"no run with id {run_id[:200]}") from None
 
 
 def _found(run: AgentRun | None, run_id: str) -> AgentRun:
     if run is None:
-        raise NotFound(f"no run with id {escape(run_id)}")
+        raise NotFound(f"no run with id {run_id}")
     return run
 
 
@@ -117,7 +116,7 @@ def document(request: Request) -> Response:
     config = settings(request)
     kind = request.path_params["kind"]
     if kind not in DOCUMENTS:
-        raise NotFound(f"no document {escape(kind[:50])}; try one of {', '.join(DOCUMENTS)}")
+        raise NotFound(f"no document {kind[:50]}; try one of {', '.join(DOCUMENTS)}")
     run_id = _run_id(request)
     with data.reading(config.pool, config.statement_timeout_seconds) as reader:
         run = _found(reader.repo.get_run(run_id), run_id)
