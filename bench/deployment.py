@@ -7,6 +7,7 @@ from typing import Any, Final
 
 from bench import (
     aio_phase,
+    dashboard_phase,
     drain_phase,
     heartbeat_scale_phase,
     operator_phase,
@@ -23,6 +24,7 @@ from bench.server import BenchServer
 DEPLOYMENT_PHASES: Final = (
     ("pickup", pickup_phase),
     ("operator", operator_phase),
+    ("dashboard", dashboard_phase),
     ("pooler", pooler_phase),
     ("aio", aio_phase),
     ("heartbeat_scale", heartbeat_scale_phase),
