@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import fields
 from datetime import UTC, datetime
 from types import FunctionType
-from typing import Any, Final, LiteralString, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Final, LiteralString, ParamSpec, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -44,6 +44,9 @@ from agent_runs.models import (
 from agent_runs.operations import OperatorQueries
 from agent_runs.sql import query
 from agent_runs.transport import Channel, Row, rows_of, statement
+
+if TYPE_CHECKING:  # never imported at run time: telemetry off costs no import
+    from agent_runs.telemetry import Telemetry
 
 LEASE_EXPIRED_MESSAGE: Final = (
     "the worker's lease expired before it reported a result: the outcome is unknown. Under "
@@ -163,8 +166,14 @@ class AgentRunRepository(OperatorQueries):
     see agent_runs.transport).
     """
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(
+        self, conn: psycopg.Connection[Any], *, telemetry: Telemetry | None = None
+    ) -> None:
         self.conn = conn
+        # OpenTelemetry spans and metrics (agent_runs.telemetry); None: off, one check per call.
+        self.telemetry = telemetry
+        if telemetry is not None:
+            telemetry.observe_through(conn)
         # Each thread's Channel to the connection: its adapters, reused across calls.
         self._local = threading.local()
 
@@ -238,20 +247,39 @@ class AgentRunRepository(OperatorQueries):
             "run_type": check.run_type(run_type),
             "created_by_run_id": check.optional_identifier("created_by_run_id", created_by_run_id),
             "run_id": new_run_id() if run_id is None else check.identifier("run_id", run_id),
+            "trace_context": None,
         }
+        telemetry = self.telemetry
+        if telemetry is None:
+            return self._create_run("create_run", params)[0]
+        with telemetry.sending(str(params["agent_slug"]), str(params["run_id"])) as sending:
+            carried = sending.trace_context
+            params["trace_context"] = None if carried is None else Jsonb(carried)
+            run, created = self._create_run("create_run", params)
+            sending.sent(run, created=created)
+            return run
+
+    def _create_run(self, name: LiteralString, params: dict[str, Any]) -> tuple[AgentRun, bool]:
+        """create_run's statements (`name`, then `name`.existing): (the run, whether this call
+        created it)."""
+        thread_id, agent_slug, uid = params["thread_id"], params["agent_slug"], params["uid"]
+        request_id, run_id = params["request_id"], params["run_id"]
+        created_by_run_id = params["created_by_run_id"]
         try:
-            rows = self._execute("create_run", params)
-            if not rows:  # request_id seen before: a new statement sees its run
-                rows = self._execute("create_run.existing", params)
+            rows = self._execute(name, params)
+            if rows:
+                return _run(rows[0]), True
+            # request_id seen before: a new statement sees its run
+            rows = self._execute("create_run.existing", params)
             if not rows:  # pragma: no cover - the other run was deleted in between
                 raise InvalidArgument(f"request_id {request_id!r} is being reused; retry")
-            return _run(rows[0])
+            return _run(rows[0]), False
         except pg_errors.UniqueViolation as exc:
             # A concurrent create with the same request_id can trip the thread index before
             # ON CONFLICT sees the request_id: idempotency is checked first, so look again.
             existing = self._execute("create_run.existing", params)
             if existing:
-                return _run(existing[0])
+                return _run(existing[0]), False
             if exc.diag.constraint_name == UQ_ONE_ACTIVE_PER_THREAD:
                 raise ThreadBusy(
                     f"thread {thread_id!r} of uid {uid!r} already has an active run of agent "
@@ -304,7 +332,11 @@ class AgentRunRepository(OperatorQueries):
         )
         if not rows:
             return Claim(None, False)
-        return Claim(_run(rows[0]), bool(rows[0]["acquired"]))
+        row = rows[0]
+        claim = Claim(_run(row), bool(row["acquired"]))
+        if self.telemetry is not None and claim.acquired and row["initial_claim"]:
+            self.telemetry.claimed([(claim.run, None)])  # type: ignore[list-item]
+        return claim
 
     def claim_next(
         self,
@@ -316,7 +348,12 @@ class AgentRunRepository(OperatorQueries):
     ) -> AgentRun | None:
         """Claim the oldest claimable run (FIFO by created_at, id), or None when there is none."""
         row = self._claim_next("claim_next", worker_id, lease_seconds, now, agent_slugs)
-        return None if row is None else _run(row)
+        if row is None:
+            return None
+        run = _run(row)
+        if self.telemetry is not None:
+            self.telemetry.claimed([(run, int(row["attempt_no"]))])
+        return run
 
     def claim_next_attempt(
         self,
@@ -328,7 +365,12 @@ class AgentRunRepository(OperatorQueries):
     ) -> ClaimedRun | None:
         """claim_next that also answers the attempt_no it opened (no second read needed)."""
         row = self._claim_next("claim_next", worker_id, lease_seconds, now, agent_slugs)
-        return None if row is None else ClaimedRun(_run(row), int(row["attempt_no"]))
+        if row is None:
+            return None
+        claimed = ClaimedRun(_run(row), int(row["attempt_no"]))
+        if self.telemetry is not None:
+            self.telemetry.claimed([claimed])
+        return claimed
 
     def claim_next_attempts(
         self,
@@ -352,6 +394,8 @@ class AgentRunRepository(OperatorQueries):
         )
         claimed = [ClaimedRun(_run(row), int(row["attempt_no"])) for row in rows]
         claimed.sort(key=lambda c: (c.run.created_at, c.run.id))
+        if self.telemetry is not None and claimed:
+            self.telemetry.claimed(claimed)
         return claimed
 
     def _claim_next(
@@ -390,6 +434,8 @@ class AgentRunRepository(OperatorQueries):
                 **check.lease(lease_seconds, now),
             },
         )
+        if self.telemetry is not None and rows:
+            self.telemetry.renewed(1)
         return bool(rows)
 
     def renew_leases(
@@ -413,6 +459,8 @@ class AgentRunRepository(OperatorQueries):
         if not run_ids:
             return {}
         rows = self._execute("renew_leases", params)
+        if self.telemetry is not None and rows:
+            self.telemetry.renewed(len(rows))
         return {row["id"]: RunStatus(row["status"]) for row in rows}
 
     def release_lease_for_retry(
@@ -436,6 +484,8 @@ class AgentRunRepository(OperatorQueries):
                 "now": check.now(now),
             },
         )
+        if self.telemetry is not None and rows:
+            self.telemetry.ended(worker_id, "retry_released", error_type)
         return bool(rows)
 
     # -- finishing -----------------------------------------------------------------------
@@ -464,7 +514,10 @@ class AgentRunRepository(OperatorQueries):
         )
         if not rows:
             return Transition(None, False)
-        return Transition(_run(rows[0]), bool(rows[0]["changed"]))
+        transition = Transition(_run(rows[0]), bool(rows[0]["changed"]))
+        if self.telemetry is not None and transition.changed and worker_id is not None:
+            self.telemetry.ended(worker_id, str(status), error_type)
+        return transition
 
     def finish_runs(
         self, finishes: Sequence[Finish], *, now: datetime | None = None
@@ -484,7 +537,12 @@ class AgentRunRepository(OperatorQueries):
                 "now": check.now(now),
             },
         )
-        return {row["id"]: _aware(row["finished_at"]) for row in rows}
+        finished = {row["id"]: _aware(row["finished_at"]) for row in rows}
+        if self.telemetry is not None:
+            for finish in finishes:
+                if finish.run_id in finished:
+                    self.telemetry.ended(finish.worker_id, str(finish.status), finish.error_type)
+        return finished
 
     def request_cancel(self, run_id: str, *, now: datetime | None = None) -> AgentRun | None:
         """Cancel a run that never started; ask the owner of any other live run to cancel."""
@@ -503,6 +561,8 @@ class AgentRunRepository(OperatorQueries):
             "limit": check.limit(limit),
             "lost_message": LEASE_EXPIRED_MESSAGE,
         }
+        telemetry = self.telemetry
+        started_ns = 0 if telemetry is None else telemetry.clock_ns()
         with self.conn.transaction():
             cur = self.conn.cursor()
             lock = query("reconcile_expired_leases.lock")
@@ -513,7 +573,20 @@ class AgentRunRepository(OperatorQueries):
             cur.execute(
                 query("reconcile_expired_leases"), {**params, "run_ids": run_ids}, prepare=False
             )
-            return [_run(row) for row in rows_of(cur)]
+            converged = [_run(row) for row in rows_of(cur)]
+            if telemetry is None or not converged:
+                return converged
+            # Telemetry only: the attempts this pass closed, for their durations (one read).
+            closed = cur.execute(
+                query("reconcile_expired_leases.attempts"),
+                {
+                    "run_ids": [run.id for run in converged],
+                    "finished_ats": [run.finished_at for run in converged],
+                },
+                prepare=False,
+            ).fetchall()
+        telemetry.reconciled(converged, closed, started_ns)
+        return converged
 
     def record_run_manifest(
         self,
