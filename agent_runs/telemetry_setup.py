@@ -44,8 +44,14 @@ class OtelSetup:
     shutdown: Callable[[], None]
 
 
-def configure_from_env(service_name: str, **telemetry_options: Any) -> OtelSetup:
-    """Providers from the OTEL_* environment, made global; a Telemetry on them."""
+def configure_from_env(
+    service_name: str, *, parent_from_env: bool = False, **telemetry_options: Any
+) -> OtelSetup:
+    """Providers from the OTEL_* environment, made global; a Telemetry on them.
+
+    `parent_from_env`: a W3C context in TRACEPARENT / TRACESTATE (the OpenTelemetry convention
+    for environment carriers) becomes the current context, so that a script's `enqueue` joins
+    the trace of whatever called it."""
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return OtelSetup(None, lambda: None)
     try:
@@ -77,6 +83,14 @@ def configure_from_env(service_name: str, **telemetry_options: Any) -> OtelSetup
     telemetry = Telemetry(
         tracer_provider=tracer_provider, meter_provider=meter_provider, **telemetry_options
     )
+    if parent_from_env and os.environ.get("TRACEPARENT"):
+        from opentelemetry import context
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        carrier = {"traceparent": os.environ["TRACEPARENT"]}
+        if os.environ.get("TRACESTATE"):
+            carrier["tracestate"] = os.environ["TRACESTATE"]
+        context.attach(TraceContextTextMapPropagator().extract(carrier))
     return OtelSetup(telemetry, shutdown)
 
 

@@ -18,12 +18,14 @@ from psycopg_pool import ConnectionPool
 from agent_runs.cli.common import (
     CONNECT_TIMEOUT_SECONDS,
     LOG_LEVELS,
+    OTEL_HELP,
     UsageError,
     check_dsn,
     connect_options,
     no_prepare,
     one_line,
     open_connection,
+    otel_from_env,
     positive_float,
     positive_int,
     resolve_dsn,
@@ -87,6 +89,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "unwritten (a crash before they are written ends those runs through the reconciler: "
         "failed, worker_lease_expired)",
     )
+    p.add_argument("--otel", action="store_true", help=OTEL_HELP)
+    p.add_argument(
+        "--otel-observe-queue",
+        action="store_true",
+        help="with --otel: also the gauges agent_runs.run.count and agent_runs.pending.age "
+        "(one grouped query per export; turn it on in one process)",
+    )
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
     p.set_defaults(func=cmd_worker)
 
@@ -107,6 +116,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         check_dsn(args.listen_dsn)
     agent = load_agent(args.agent)
     setup_logging(args.log_level)
+    otel = otel_from_env(args, "agent-runs-worker", observe_queue=args.otel_observe_queue)
     pool = worker_pool(args, dsn, max_size=args.concurrency + 2)
     try:
         worker = Worker(
@@ -119,6 +129,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             poll_seconds=args.poll_seconds,
             agent_slugs=args.agent_slugs,
             completion=args.completion,
+            telemetry=None if otel is None else otel.telemetry,
             **_listen_options(args, dsn),
         )
     except BaseException:
@@ -166,10 +177,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
             "a thread did not end within a lease (an agent ignored the stop request, or ends "
             "could not be written); exiting anyway"
         )
+        if otel is not None:
+            otel.shutdown()
         logging.shutdown()
         os._exit(worker.exit_code)  # the abandoned run's lease expires; the reconciler converges it
     worker.close()
     pool.close(timeout=2.0)
+    if otel is not None:
+        otel.shutdown()  # exports what is still buffered
     log.info("worker %s stopped", worker.name)
     return worker.exit_code
 
