@@ -7,12 +7,15 @@ and error messages never label a metric.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
+
+log = logging.getLogger("agent_runs.telemetry")
 
 SYSTEM: Final = "agent_runs"
 OTHER: Final = "_OTHER"  # the OpenTelemetry convention for a value outside the known set
@@ -193,7 +196,8 @@ class QueueGauges:
                 try:
                     self._rows = self._read()
                     self.queries += 1
-                except Exception:  # a slow or absent database must not break the export
+                except Exception as exc:  # a slow or absent database must not break the export
+                    log.warning("queue gauges: could not read the queue: %s", exc)
                     self._rows = []
             return self._rows
 

@@ -182,9 +182,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         logging.shutdown()
         os._exit(worker.exit_code)  # the abandoned run's lease expires; the reconciler converges it
     worker.close()
-    pool.close(timeout=2.0)
     if otel is not None:
-        otel.shutdown()  # exports what is still buffered
+        otel.shutdown()  # exports what is still buffered (the queue gauges read the pool)
+    pool.close(timeout=2.0)
     log.info("worker %s stopped", worker.name)
     return worker.exit_code
 
