@@ -333,10 +333,11 @@ class AgentRunRepository(OperatorQueries):
         if not rows:
             return Claim(None, False)
         row = rows[0]
-        claim = Claim(_run(row), bool(row["acquired"]))
-        if self.telemetry is not None and claim.acquired and row["initial_claim"]:
-            self.telemetry.claimed([(claim.run, None)])  # type: ignore[list-item]
-        return claim
+        run = _run(row)
+        acquired = bool(row["acquired"])
+        if self.telemetry is not None and acquired and row["initial_claim"]:
+            self.telemetry.claimed([(run, None)], {})  # attempt_no: not in this answer
+        return Claim(run, acquired)
 
     def claim_next(
         self,
@@ -352,7 +353,7 @@ class AgentRunRepository(OperatorQueries):
             return None
         run = _run(row)
         if self.telemetry is not None:
-            self.telemetry.claimed([(run, int(row["attempt_no"]))])
+            self._claimed([ClaimedRun(run, int(row["attempt_no"]))])
         return run
 
     def claim_next_attempt(
@@ -369,7 +370,7 @@ class AgentRunRepository(OperatorQueries):
             return None
         claimed = ClaimedRun(_run(row), int(row["attempt_no"]))
         if self.telemetry is not None:
-            self.telemetry.claimed([claimed])
+            self._claimed([claimed])
         return claimed
 
     def claim_next_attempts(
@@ -395,8 +396,25 @@ class AgentRunRepository(OperatorQueries):
         claimed = [ClaimedRun(_run(row), int(row["attempt_no"])) for row in rows]
         claimed.sort(key=lambda c: (c.run.created_at, c.run.id))
         if self.telemetry is not None and claimed:
-            self.telemetry.claimed(claimed)
+            self._claimed(claimed)
         return claimed
+
+    def _claimed(self, claimed: Sequence[ClaimedRun]) -> None:
+        """Telemetry of committed claims; a retry's pickup starts when the attempt before it
+        ended, read in one statement (telemetry on, retries only)."""
+        assert self.telemetry is not None
+        retries = [c for c in claimed if c.attempt_no > 1]
+        released: dict[str, datetime] = {}
+        if retries:
+            rows = self._execute(
+                "claim_next.released",
+                {
+                    "run_ids": [c.run.id for c in retries],
+                    "attempt_nos": [c.attempt_no for c in retries],
+                },
+            )
+            released = {row["run_id"]: _aware(row["finished_at"]) for row in rows}
+        self.telemetry.claimed(claimed, released)
 
     def _claim_next(
         self,

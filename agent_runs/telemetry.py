@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -166,8 +166,13 @@ class Telemetry:
 
     # -- one attempt ---------------------------------------------------------------------------
 
-    def claimed(self, claims: Sequence[tuple[AgentRun, int | None]]) -> None:
-        """Attempts just claimed (committed): a `process` span each, and their metrics."""
+    def claimed(
+        self,
+        claims: Sequence[tuple[AgentRun, int | None]],
+        released: Mapping[str, datetime],
+    ) -> None:
+        """Attempts just claimed (committed): a `process` span each, and their metrics;
+        `released`: when the attempt before each retry ended (run id -> finished_at)."""
         instruments = self.instruments
         now = time.monotonic()
         for run, attempt_no in claims:
@@ -178,9 +183,10 @@ class Telemetry:
             base = instruments.base(run.agent_slug)
             instruments.attempt_started.add(1, base)
             instruments.worker_active.add(1, base)
-            if attempt_no == 1 and run.heartbeat_at is not None:
-                # Both from the database's clock: creation -> the claim's now.
-                waited = (run.heartbeat_at - run.created_at).total_seconds()
+            ready = run.created_at if attempt_no == 1 else released.get(run.id)
+            if ready is not None and run.heartbeat_at is not None:
+                # Both from the database's clock: creation or release -> the claim's now.
+                waited = (run.heartbeat_at - ready).total_seconds()
                 instruments.pickup_duration.record(max(0.0, waited), base)
             attempt = _Attempt(
                 span, self._trace.set_span_in_context(span), run.id, run.agent_slug, now

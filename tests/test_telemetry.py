@@ -401,3 +401,20 @@ def test_telemetry_off_never_imports_opentelemetry(dsn: str) -> None:
     assert sorted(r.status for r in runs) == sorted(
         [RunStatus.COMPLETED, RunStatus.COMPLETED, RunStatus.FAILED]
     )
+
+
+def test_a_retry_s_pickup_starts_when_the_attempt_before_it_ended(
+    conn: psycopg.Connection[Any], otel: Otel
+) -> None:
+    repo = AgentRunRepository(conn, telemetry=otel.telemetry())
+    run = new_run(repo)
+    t0 = run.created_at + timedelta(seconds=100)
+    repo.claim_next(worker_id="w:1", lease_seconds=30, now=t0)
+    repo.release_lease_for_retry(run.id, worker_id="w:1", now=t0 + timedelta(seconds=10))
+    again = repo.claim_next_attempts(
+        worker_ids=["w:2"], lease_seconds=30, now=t0 + timedelta(seconds=25)
+    )
+    assert [c.attempt_no for c in again] == [2]
+    (pickup,) = otel.points()["agent_runs.pickup.duration"]
+    assert pickup.count == 2
+    assert pickup.sum == pytest.approx(100 + 15)
