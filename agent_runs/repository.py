@@ -43,7 +43,7 @@ from agent_runs.models import (
 )
 from agent_runs.operations import OperatorQueries
 from agent_runs.sql import query
-from agent_runs.transport import Channel, Row, rows_of, statement
+from agent_runs.transport import Channel, Row, pooled, rows_of, statement
 
 if TYPE_CHECKING:  # never imported at run time: telemetry off costs no import
     from agent_runs.telemetry import Telemetry
@@ -172,7 +172,7 @@ class AgentRunRepository(OperatorQueries):
         self.conn = conn
         # OpenTelemetry spans and metrics (agent_runs.telemetry); None: off, one check per call.
         self.telemetry = telemetry
-        if telemetry is not None:
+        if telemetry is not None and not pooled(conn):  # a pool's goes back: not for gauges
             telemetry.observe_through(conn)
         # Each thread's Channel to the connection: its adapters, reused across calls.
         self._local = threading.local()

@@ -334,8 +334,9 @@ class Telemetry:
     # -- the queue gauges ----------------------------------------------------------------------
 
     def observe_through(self, source: Any) -> None:
-        """With observe_queue: read the gauges through `source` (a ConnectionPool or a
-        connection), the first one given; otherwise nothing."""
+        """With observe_queue: read the gauges through `source`, the first one given: a
+        ConnectionPool (a Worker gives its own), or a connection of yours that stays open (a
+        repository gives its connection unless it came from a pool); otherwise nothing."""
         if not self._observe_queue or self.queue_gauges is not None:
             return
         with self._lock:

@@ -199,6 +199,7 @@ class QueueGauges:
                 except Exception as exc:  # a slow or absent database must not break the export
                     log.warning("queue gauges: could not read the queue: %s", exc)
                     self._rows = []
+                    self._taken_at = float("-inf")  # the next collection tries again
             return self._rows
 
     def _counts(self, options: CallbackOptions) -> Iterable[Observation]:

@@ -45,6 +45,9 @@ def queue_reader(source: Any, *, timeout_seconds: float) -> Callable[[], Rows]:
 
     def read_shared() -> Rows:
         with turns(conn):
+            # Never inside a transaction the application holds open on its connection.
+            if conn.info.transaction_status.name != "IDLE":
+                raise RuntimeError("the connection is inside a transaction; skipped")
             return read_on(conn)
 
     return read_shared

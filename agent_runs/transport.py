@@ -499,3 +499,8 @@ def _rollback(pgconn: PGconn, *, deadline: float | None) -> None:
     except (psycopg.Error, TimeoutError):
         if deadline is not None:
             raise
+
+
+def pooled(conn: psycopg.Connection[Any]) -> bool:
+    """True for a connection checked out of a psycopg_pool pool (it goes back to the pool)."""
+    return getattr(conn, "_pool", None) is not None

@@ -418,3 +418,22 @@ def test_a_retry_s_pickup_starts_when_the_attempt_before_it_ended(
     (pickup,) = otel.points()["agent_runs.pickup.duration"]
     assert pickup.count == 2
     assert pickup.sum == pytest.approx(100 + 15)
+
+
+def test_the_gauges_never_borrow_a_pooled_connection_nor_join_an_open_transaction(
+    conn: psycopg.Connection[Any], dsn: str, otel: Otel
+) -> None:
+    from agent_runs import create_pool
+
+    telemetry = otel.telemetry(observe_queue=True)
+    with create_pool(dsn, min_size=1, max_size=2) as pool, pool.connection() as lent:
+        new_run(AgentRunRepository(lent, telemetry=telemetry))
+    assert telemetry.queue_gauges is None  # that connection went back to the pool
+    repo = AgentRunRepository(conn, telemetry=telemetry)
+    gauges = telemetry.queue_gauges
+    assert gauges is not None
+    with conn.transaction():  # the application's own transaction on its connection
+        assert "agent_runs.run.count" not in otel.points()
+    assert gauges.queries == 0
+    new_run(repo)
+    assert sum(p.value for p in otel.points()["agent_runs.run.count"]) == 2
