@@ -247,3 +247,27 @@ def test_otel_without_the_sdk_is_a_one_line_error_naming_the_packages(dsn: str) 
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "opentelemetry-sdk" in done.stderr and "agent_runs[otel-cli]" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_reconcile_otel_exports_the_pass_that_converged_runs(
+    dsn: str, repo: AgentRunRepository, receiver: Receiver
+) -> None:
+    import time
+
+    run = repo.create_run(thread_id="t", agent_slug="a", uid="u", request_id="r")
+    repo.mark_running(run.id, worker_id="gone:1", lease_seconds=0.01)
+    time.sleep(0.05)
+    done = subprocess.run(
+        [sys.executable, "-m", "agent_runs", "reconcile", "--otel", "--dsn", dsn],
+        env=_env(receiver),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "reconciled 1 run(s)"
+    (span,) = receiver.named("reconcile")
+    assert span.name == "reconcile agent_runs"
+    assert _attributes(span)["agent_runs.reconciled.count"] == 1
+    assert "agent_runs.reconciler.converged" in receiver.metric_names

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg_pool import ConnectionPool
 
@@ -36,6 +36,9 @@ from agent_runs.errors import DB_ERRORS
 from agent_runs.repository import AgentRunRepository
 from agent_runs.validation import COMPLETIONS
 from agent_runs.worker import Agent, Backoff, Worker
+
+if TYPE_CHECKING:
+    from agent_runs.telemetry import Telemetry
 
 log = logging.getLogger("agent_runs.cli")
 
@@ -106,6 +109,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="repeat every SECONDS until SIGTERM (default: once)",
     )
+    p.add_argument("--otel", action="store_true", help=OTEL_HELP)
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
     p.set_defaults(func=cmd_reconcile)
 
@@ -206,9 +210,18 @@ def _listen_options(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
+    otel = otel_from_env(args, "agent-runs-reconcile")
+    try:
+        return _reconcile(args, None if otel is None else otel.telemetry)
+    finally:
+        if otel is not None:
+            otel.shutdown()
+
+
+def _reconcile(args: argparse.Namespace, telemetry: Telemetry | None) -> int:
     if args.every is None:
         with open_connection(args) as conn:
-            total = _reconcile_all(AgentRunRepository(conn))
+            total = _reconcile_all(AgentRunRepository(conn, telemetry=telemetry))
         print(f"reconciled {total} run(s)")
         return 0
 
@@ -227,7 +240,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         while not stop.is_set():
             try:
                 with pool.connection(timeout=CONNECT_TIMEOUT_SECONDS) as conn:
-                    _reconcile_all(AgentRunRepository(conn))
+                    _reconcile_all(AgentRunRepository(conn, telemetry=telemetry))
             except DB_ERRORS as exc:
                 delay = backoff.next_delay()
                 log.warning("reconcile failed (%s); retrying in %.1fs", one_line(exc), delay)
