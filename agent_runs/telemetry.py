@@ -99,7 +99,12 @@ class Telemetry:
         if not 0 < queue_statement_timeout_seconds <= 60:
             raise InvalidArgument("queue_statement_timeout_seconds must be in (0, 60]")
         # opentelemetry is loaded here, and only here: telemetry off never imports it.
-        from opentelemetry import metrics, trace
+        try:
+            from opentelemetry import metrics, trace
+        except ImportError:
+            raise ImportError(
+                "agent_runs.telemetry needs opentelemetry-api: pip install 'agent_runs[otel]'"
+            ) from None
         from opentelemetry.context import Context
         from opentelemetry.trace import Link, SpanKind, Status, StatusCode
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
