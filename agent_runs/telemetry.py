@@ -24,7 +24,6 @@ one that writes the end; never through a thread's implicit context.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -44,8 +43,6 @@ if TYPE_CHECKING:
     from agent_runs.telemetry_metrics import Instruments, QueueGauges
 
 __all__ = ["SPAN_RELATIONSHIPS", "Telemetry"]
-
-log = logging.getLogger("agent_runs.telemetry")
 
 SPAN_RELATIONSHIPS: Final = ("link", "child", "none")
 SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.44.0"
@@ -131,7 +128,9 @@ class Telemetry:
         self._observe_queue = observe_queue
         self._queue_timeout = queue_statement_timeout_seconds
         self.queue_gauges: QueueGauges | None = None
-        _install_log_filter(trace)
+        from agent_runs.telemetry_logging import install_log_filter
+
+        install_log_filter(trace)
 
     # -- creating a run ----------------------------------------------------------------------
 
@@ -368,32 +367,6 @@ class _Sending:
         if created:
             instruments = self._telemetry.instruments
             instruments.run_created.add(1, instruments.base(run.agent_slug))
-
-
-class TraceLogFilter(logging.Filter):
-    """Adds the current span's ids to the worker's log records: as attributes (`otelTraceID`,
-    `otelSpanID`, the names of OpenTelemetry's logging instrumentation, so a format may name
-    them) and at the end of the message (`trace_id=… span_id=…`), when a span is current."""
-
-    def __init__(self, trace: Any) -> None:
-        super().__init__("agent_runs.telemetry")
-        self._trace = trace
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        found = self._trace.get_current_span().get_span_context()
-        if found.is_valid and not hasattr(record, "otelTraceID"):
-            trace_id = format(found.trace_id, "032x")
-            span_id = format(found.span_id, "016x")
-            record.otelTraceID = trace_id
-            record.otelSpanID = span_id
-            record.msg = f"{record.msg} trace_id={trace_id} span_id={span_id}"
-        return True
-
-
-def _install_log_filter(trace: Any) -> None:
-    worker_log = logging.getLogger("agent_runs.worker")
-    if not any(isinstance(f, TraceLogFilter) for f in worker_log.filters):
-        worker_log.addFilter(TraceLogFilter(trace))
 
 
 def _qualified(kind: type) -> str:
