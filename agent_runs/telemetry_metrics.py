@@ -67,6 +67,8 @@ _SECONDS_BUCKETS: Final = (
     600.0, 1800.0, 3600.0, 7200.0,
 )  # fmt: skip
 
+_CACHED_SLUGS: Final = 10_000
+
 Attributes = Mapping[str, str]
 QueueRead = Callable[[], list[tuple[str, str, int, float | None]]]
 
@@ -85,9 +87,12 @@ class Slugs:
         if known is not None:
             return known
         with self._lock:
-            if slug not in self._known:
-                self._known[slug] = slug if len(self._known) < self._limit else OTHER
-            return self._known[slug]
+            if slug in self._known:
+                return self._known[slug]
+            if len(self._known) < self._limit:
+                self._known[slug] = slug
+                return slug
+        return OTHER  # not remembered: the map stays at `limit` entries
 
 
 class Instruments:
@@ -142,7 +147,8 @@ class Instruments:
         attributes = self._base.get(slug)
         if attributes is None:
             attributes = {SYSTEM_KEY: SYSTEM, DESTINATION: self.slugs(slug)}
-            self._base[slug] = attributes
+            if len(self._base) < _CACHED_SLUGS:  # a stream of new slugs cannot grow it
+                self._base[slug] = attributes
         return attributes
 
     @property
