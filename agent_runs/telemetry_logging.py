@@ -10,9 +10,10 @@ from typing import Any
 
 
 class TraceLogFilter(logging.Filter):
-    """Adds the current span's ids to the worker's log records: as attributes (`otelTraceID`,
-    `otelSpanID`, the names of OpenTelemetry's logging instrumentation, so a format may name
-    them) and at the end of the message (`trace_id=… span_id=…`), when a span is current."""
+    """Adds the current span's ids to the worker's log records: as attributes (`trace_id`,
+    `span_id`, and `otelTraceID`, `otelSpanID` as OpenTelemetry's logging instrumentation names
+    them, so a format may use either) and at the end of the message (`trace_id=… span_id=…`),
+    when a span is current."""
 
     def __init__(self, trace: Any) -> None:
         super().__init__("agent_runs.telemetry")
@@ -23,8 +24,8 @@ class TraceLogFilter(logging.Filter):
         if found.is_valid and not hasattr(record, "otelTraceID"):
             trace_id = format(found.trace_id, "032x")
             span_id = format(found.span_id, "016x")
-            record.otelTraceID = trace_id
-            record.otelSpanID = span_id
+            record.otelTraceID = record.trace_id = trace_id
+            record.otelSpanID = record.span_id = span_id
             record.msg = f"{record.msg} trace_id={trace_id} span_id={span_id}"
         return True
 

@@ -162,6 +162,7 @@ def test_run_forever_threads_carry_the_attempt_span_to_the_agent_and_its_logs(
         assert attrs(span)["agent_runs.outcome"] == "completed"
         (line,) = [r for r in caplog.records if r.getMessage().startswith(f"agent of {run.id}")]
         assert line.otelTraceID == format(span.context.trace_id, "032x")  # type: ignore[attr-defined]
+        assert line.span_id == format(span.context.span_id, "016x")  # type: ignore[attr-defined]
         assert f"span_id={span.context.span_id:016x}" in line.getMessage()
     assert len({thread for _, _, thread in seen.values()}) >= 1
 
