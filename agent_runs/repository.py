@@ -6,18 +6,14 @@ sql/ file; the operator's queries live in operations.py and are mixed in.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import time
 import uuid
-import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import fields
-from datetime import UTC, datetime
-from types import FunctionType
-from typing import TYPE_CHECKING, Any, Final, LiteralString, ParamSpec, TypeVar
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final, LiteralString
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -42,8 +38,13 @@ from agent_runs.models import (
     Transition,
 )
 from agent_runs.operations import OperatorQueries
+from agent_runs.rows import attempt_of as _attempt
+from agent_runs.rows import run_of as _run
+from agent_runs.rows import utc as _aware
 from agent_runs.sql import query
 from agent_runs.transport import Channel, Row, pooled, rows_of, statement
+from agent_runs.turns import one_call_at_a_time as _one_call_at_a_time
+from agent_runs.turns import turns
 
 if TYPE_CHECKING:  # never imported at run time: telemetry off costs no import
     from agent_runs.telemetry import Telemetry
@@ -60,51 +61,6 @@ LEASE_EXPIRED_MESSAGE: Final = (
 _CLAIM_RACE_CONSTRAINTS: Final = frozenset({UQ_RUN_ATTEMPT_NO, UQ_ONE_OPEN_ATTEMPT})
 _CLAIM_TRIES: Final = 5
 
-_RUN_FIELDS: Final = tuple(f.name for f in fields(AgentRun))
-_ATTEMPT_FIELDS: Final = tuple(f.name for f in fields(RunAttempt))
-_TIMESTAMPS: Final = frozenset(
-    {
-        "heartbeat_at",
-        "lease_expires_at",
-        "manifest_recorded_at",
-        "started_at",
-        "finished_at",
-        "created_at",
-        "updated_at",
-    }
-)
-# Positions of the timestamp fields among each model's fields (made timezone-aware UTC).
-_RUN_TIMESTAMPS: Final = tuple(i for i, n in enumerate(_RUN_FIELDS) if n in _TIMESTAMPS)
-_ATTEMPT_TIMESTAMPS: Final = tuple(i for i, n in enumerate(_ATTEMPT_FIELDS) if n in _TIMESTAMPS)
-
-
-def _aware(value: datetime) -> datetime:
-    """A timestamp as UTC (psycopg gives the session's time zone)."""
-    return value if value.tzinfo is UTC else value.astimezone(UTC)
-
-
-def _utc(fields_: list[Any], stamps: tuple[int, ...]) -> list[Any]:
-    """The timestamps among a model's fields as UTC (psycopg gives the session's time zone)."""
-    for i in stamps:
-        value = fields_[i]
-        if value is not None:
-            fields_[i] = _aware(value)
-    return fields_
-
-
-def _run(row: Row) -> AgentRun:
-    pick = row.shape.picker("run", _RUN_FIELDS)
-    if pick is None:  # pragma: no cover - every run statement returns the run's columns
-        raise AssertionError("this result carries no run")
-    return AgentRun(*_utc(list(pick(row.values)), _RUN_TIMESTAMPS))
-
-
-def _attempt(row: Row) -> RunAttempt:
-    pick = row.shape.picker("attempt", _ATTEMPT_FIELDS)
-    if pick is None:  # pragma: no cover - every attempt statement returns its columns
-        raise AssertionError("this result carries no attempt")
-    return RunAttempt(*_utc(list(pick(row.values)), _ATTEMPT_TIMESTAMPS))
-
 
 def new_run_id() -> str:
     """A random UUID of version 7: its first 48 bits are the Unix time in milliseconds.
@@ -117,44 +73,6 @@ def new_run_id() -> str:
     value = value & ~(0xF << 76) | 0x7 << 76  # version 7
     value = value & ~(0x3 << 62) | 0x2 << 62  # RFC 9562 variant
     return str(uuid.UUID(int=value))
-
-
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
-
-# One re-entrant lock per connection, shared by every repository on it: a public call holds it
-# from its first statement to its last, so threads sharing a connection take turns call by call
-# (psycopg's own conn.lock is per statement, and not re-entrant).
-_turns: weakref.WeakKeyDictionary[psycopg.Connection[Any], threading.RLock] = (
-    weakref.WeakKeyDictionary()
-)
-_turns_made = threading.Lock()
-
-
-def turns(conn: psycopg.Connection[Any]) -> threading.RLock:
-    """The lock every repository call on `conn` holds for its whole duration."""
-    lock = _turns.get(conn)
-    if lock is None:
-        with _turns_made:
-            lock = _turns.setdefault(conn, threading.RLock())
-    return lock
-
-
-def _taking_turns(method: Callable[_P, _T]) -> Callable[_P, _T]:
-    @functools.wraps(method)
-    def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-        with turns(args[0].conn):  # type: ignore[attr-defined]
-            return method(*args, **kwargs)
-
-    return call
-
-
-def _one_call_at_a_time(cls: type[Any]) -> None:
-    """Wrap every public method of `cls` (its bases' too) in its connection's turn."""
-    for name in dir(cls):
-        method = getattr(cls, name)
-        if not name.startswith("_") and isinstance(method, FunctionType):
-            setattr(cls, name, _taking_turns(method))
 
 
 class AgentRunRepository(OperatorQueries):
@@ -249,6 +167,11 @@ class AgentRunRepository(OperatorQueries):
             "run_id": new_run_id() if run_id is None else check.identifier("run_id", run_id),
             "trace_context": None,
         }
+        if params["created_by_run_id"] is not None and params["created_by_run_id"] == run_id:
+            raise InvalidArgument(
+                f"created_by_run_id {created_by_run_id!r} is the run's own run_id: a run cannot "
+                "be its own parent"
+            )
         telemetry = self.telemetry
         if telemetry is None:
             return self._create_run("create_run", params)[0]

@@ -14,8 +14,8 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from agent_runs.repository import turns
 from agent_runs.sql import query
+from agent_runs.turns import turns
 
 Rows = list[tuple[str, str, int, float | None]]
 

@@ -12,7 +12,7 @@
 -- On a populated table: ADD COLUMN without a default is a catalog change (no rewrite, no scan)
 -- under a brief ACCESS EXCLUSIVE lock; the triggers take SHARE ROW EXCLUSIVE for the same
 -- transaction. Old rows read NULL.
--- depends: 0008_operator_indexes_skip_live
+-- depends: 0009_lineage_is_a_tree
 
 ALTER TABLE agent_runs ADD COLUMN trace_context jsonb NULL;
 

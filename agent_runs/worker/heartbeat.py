@@ -7,7 +7,6 @@ means the lease is lost; a cancel request shows up as the run's status in the re
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -16,6 +15,7 @@ from psycopg_pool import ConnectionPool, PoolClosed
 
 from agent_runs.backoff import Backoff
 from agent_runs.errors import DB_ERRORS
+from agent_runs.logs import logger
 from agent_runs.models import RunStatus
 from agent_runs.repository import AgentRunRepository
 from agent_runs.worker.connection import connection
@@ -24,7 +24,7 @@ from agent_runs.worker.text import one_line
 if TYPE_CHECKING:  # telemetry off never imports it
     from agent_runs.telemetry import Telemetry
 
-log = logging.getLogger("agent_runs.worker")
+log = logger("agent_runs.worker")
 
 
 class Lease:
