@@ -248,3 +248,25 @@ def test_through_pgbouncer_in_transaction_mode_the_context_still_travels(
     ]
     (span,) = process_spans(otel, run.id)
     assert span.links[0].context.span_id == producer_span.context.span_id
+
+
+def test_an_end_whose_reply_was_lost_is_confirmed_and_its_span_ends_with_its_outcome(
+    pool: ConnectionPool, repo: AgentRunRepository, otel: Otel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry.trace import StatusCode
+
+    run = enqueue(repo, ["ok"])
+    real = AgentRunRepository.finish_runs
+
+    def finish_then_lose_the_reply(self: AgentRunRepository, *args: Any, **kwargs: Any) -> Any:
+        real(AgentRunRepository(self.conn), *args, **kwargs)  # committed, never reported
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(AgentRunRepository, "finish_runs", finish_then_lose_the_reply)
+    with make_worker(pool, ScriptedAgent(), otel, lease_seconds=30) as worker:
+        ended = worker.run_once()
+    assert ended is not None and ended.status == RunStatus.COMPLETED
+    (span,) = process_spans(otel, run.id)
+    assert attrs(span)["agent_runs.outcome"] == "completed"
+    assert span.status.status_code == StatusCode.UNSET
+    assert otel.total("agent_runs.lease.lost") == 0
