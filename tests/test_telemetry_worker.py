@@ -20,7 +20,7 @@ from agent_runs.agents import ScriptedAgent
 from agent_runs.devtools.pgbouncer import pgbouncer, pgbouncer_binary
 from agent_runs.worker import AgentResult, RunContext, Worker
 from tests.fix_telemetry import Otel
-from tests.helpers import enqueue, wait_until
+from tests.helpers import enqueue, new_run, wait_until
 
 LEASE = 1.0
 HEARTBEAT = 0.1
@@ -274,3 +274,20 @@ def test_an_end_whose_reply_was_lost_is_confirmed_and_its_span_ends_with_its_out
     assert attrs(span)["agent_runs.outcome"] == "completed"
     assert span.status.status_code == StatusCode.UNSET
     assert otel.total("agent_runs.lease.lost") == 0
+
+
+def test_empty_polls_and_heartbeats_leave_no_spans(
+    pool: ConnectionPool, repo: AgentRunRepository, otel: Otel
+) -> None:
+    with make_worker(pool, ScriptedAgent(), otel) as worker:
+        assert worker.run_once() is None  # nothing claimable
+        assert worker.maybe_reconcile() == []  # nothing to converge
+        assert otel.exporter.get_finished_spans() == ()
+        run = new_run(
+            repo, uid="secret-uid", input_payload={"script": ["sleep:0.5"], "secret": "payload"}
+        )
+        assert worker.run_once() is not None
+    assert otel.total("agent_runs.lease.renewals") >= 2  # heartbeats happened
+    (span,) = otel.exporter.get_finished_spans()  # and left no span
+    assert attrs(span)["messaging.message.id"] == run.id
+    assert not {"secret-uid", "payload"} & {str(v) for v in attrs(span).values()}
