@@ -223,7 +223,12 @@ class AgentRunRepository(OperatorQueries):
     def get_run_by_owner(self, worker_id: str) -> AgentRun | None:
         """The live run whose lease this owner token holds, if any (e.g. after a lost reply)."""
         rows = self._execute("get_run_by_owner", {"worker_id": check.worker_id(worker_id)})
-        return _run(rows[0]) if rows else None
+        if not rows:
+            return None
+        run = _run(rows[0])
+        if self.telemetry is not None:  # a claim whose reply was lost: its span starts now
+            self.telemetry.claimed([(run, None)], {})
+        return run
 
     def list_run_attempts(self, run_id: str) -> list[RunAttempt]:
         rows = self._execute("list_run_attempts", {"run_id": check.identifier("run_id", run_id)})

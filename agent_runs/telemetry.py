@@ -181,7 +181,7 @@ class Telemetry:
         now = time.monotonic()
         for run, attempt_no in claims:
             token = run.worker_id
-            if token is None:  # pragma: no cover - a claimed run has its owner token
+            if token is None or token in self._open:  # a lost claim reply found: known already
                 continue
             span = self._start_process(run, attempt_no, token)
             base = instruments.base(run.agent_slug)

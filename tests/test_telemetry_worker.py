@@ -291,3 +291,22 @@ def test_empty_polls_and_heartbeats_leave_no_spans(
     (span,) = otel.exporter.get_finished_spans()  # and left no span
     assert attrs(span)["messaging.message.id"] == run.id
     assert not {"secret-uid", "payload"} & {str(v) for v in attrs(span).values()}
+
+
+def test_a_claim_whose_reply_was_lost_gets_its_span_when_found_by_its_owner_token(
+    pool: ConnectionPool, repo: AgentRunRepository, otel: Otel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = enqueue(repo, ["ok"])
+    real = AgentRunRepository.claim_next_attempt
+
+    def claim_then_lose_the_reply(self: AgentRunRepository, **kwargs: Any) -> Any:
+        real(AgentRunRepository(self.conn), **kwargs)  # committed, never reported
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(AgentRunRepository, "claim_next_attempt", claim_then_lose_the_reply)
+    with make_worker(pool, ScriptedAgent(), otel, lease_seconds=30) as worker:
+        ended = worker.run_once()
+    assert ended is not None and ended.status == RunStatus.COMPLETED
+    (span,) = [s for s in otel.spans("process") if attrs(s)["messaging.message.id"] == run.id]
+    assert attrs(span)["agent_runs.outcome"] == "completed"
+    assert attrs(span)["messaging.client.id"] == repo.list_run_attempts(run.id)[0].worker_id
