@@ -5,7 +5,14 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
-from bench import drain_phase, heartbeat_scale_phase, operator_phase, pickup_phase, pooler_phase
+from bench import (
+    dashboard_phase,
+    drain_phase,
+    heartbeat_scale_phase,
+    operator_phase,
+    pickup_phase,
+    pooler_phase,
+)
 from bench.report import Target, log
 from bench.server import BenchServer
 
@@ -15,6 +22,7 @@ from bench.server import BenchServer
 DEPLOYMENT_PHASES: Final = (
     ("pickup", pickup_phase),
     ("operator", operator_phase),
+    ("dashboard", dashboard_phase),
     ("pooler", pooler_phase),
     ("heartbeat_scale", heartbeat_scale_phase),
     ("drain", drain_phase),
