@@ -6,16 +6,21 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final, LiteralString
+from typing import TYPE_CHECKING, Any, Final, LiteralString
 
 from psycopg import errors as pg_errors
 
 from agent_runs import validation as check
 from agent_runs.errors import UQ_ONE_OPEN_ATTEMPT, UQ_RUN_ATTEMPT_NO
+from agent_runs.models import ClaimedRun
+from agent_runs.rows import utc
 from agent_runs.steps import Execute, Plan
 from agent_runs.transport import Row, statement
+
+if TYPE_CHECKING:  # never imported at run time: telemetry off costs no import
+    from agent_runs.telemetry import Telemetry
 
 LEASE_EXPIRED_MESSAGE: Final = (
     "the worker's lease expired before it reported a result: the outcome is unknown. Under "
@@ -65,3 +70,20 @@ def new_run_id() -> str:
     value = value & ~(0xF << 76) | 0x7 << 76  # version 7
     value = value & ~(0x3 << 62) | 0x2 << 62  # RFC 9562 variant
     return str(uuid.UUID(int=value))
+
+
+def claimed(telemetry: Telemetry, runs: Sequence[ClaimedRun]) -> Plan[None]:
+    """Telemetry of committed claims; a retry's pickup starts when the attempt before it
+    ended, read in one statement (telemetry on, retries only)."""
+    retries = [c for c in runs if c.attempt_no > 1]
+    released: dict[str, datetime] = {}
+    if retries:
+        rows: list[Row] = yield Execute(
+            statement("claim_next.released"),
+            {
+                "run_ids": [c.run.id for c in retries],
+                "attempt_nos": [c.attempt_no for c in retries],
+            },
+        )
+        released = {row["run_id"]: utc(row["finished_at"]) for row in rows}
+    telemetry.claimed(runs, released)

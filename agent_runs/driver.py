@@ -7,14 +7,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
 from agent_runs.sql import query
 from agent_runs.steps import Done, Execute, Failed, Plan, Step, Stream, Transaction, next_step, pull
-from agent_runs.transport import Channel, Row, Statement, rows_of
+from agent_runs.transport import Channel, Row, Statement, pooled, rows_of
 from agent_runs.turns import turns
+
+if TYPE_CHECKING:  # never imported at run time: telemetry off costs no import
+    from agent_runs.telemetry import Telemetry
 
 _T = TypeVar("_T")
 
@@ -22,8 +25,14 @@ _T = TypeVar("_T")
 class SyncDriver:
     """The synchronous face's plumbing: runs plans on `self.conn`."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(
+        self, conn: psycopg.Connection[Any], *, telemetry: Telemetry | None = None
+    ) -> None:
         self.conn = conn
+        # OpenTelemetry spans and metrics (agent_runs.telemetry); None: off, one check per call.
+        self.telemetry = telemetry
+        if telemetry is not None and not pooled(conn):  # a pool's goes back: not for gauges
+            telemetry.observe_through(conn)
         # Each thread's Channel to the connection: its adapters, reused across calls.
         self._local = threading.local()
 

@@ -6,24 +6,36 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from agent_runs import validation as check
-from agent_runs.claims import LEASE_EXPIRED_MESSAGE, claim, next_claim
+from agent_runs.claims import LEASE_EXPIRED_MESSAGE, claim, claimed, next_claim
 from agent_runs.models import AgentRun, ClaimedRun, Finish, RunStatus
 from agent_runs.rows import run_of, utc
 from agent_runs.steps import Execute, Plan, planned
 from agent_runs.transport import Row, statement
 
+if TYPE_CHECKING:  # never imported at run time: telemetry off costs no import
+    from agent_runs.telemetry import Telemetry
+
 
 class LeanTransitions:
     """get_run_by_owner, claim_next_attempt(s), renew_leases and finish_runs."""
+
+    if TYPE_CHECKING:
+        telemetry: Telemetry | None
 
     @planned
     def get_run_by_owner(self, worker_id: str) -> Plan[AgentRun | None]:
         """The live run whose lease this owner token holds, if any (e.g. after a lost reply)."""
         params = {"worker_id": check.worker_id(worker_id)}
         rows: list[Row] = yield Execute(statement("get_run_by_owner"), params)
-        return run_of(rows[0]) if rows else None
+        if not rows:
+            return None
+        run = run_of(rows[0])
+        if self.telemetry is not None:  # a claim whose reply was lost: its span starts now
+            self.telemetry.claimed([(run, None)], {})
+        return run
 
     @planned
     def claim_next_attempt(
@@ -38,7 +50,12 @@ class LeanTransitions:
         rows = yield from claim(
             "claim_next", next_claim(worker_id, lease_seconds, now, agent_slugs)
         )
-        return ClaimedRun(run_of(rows[0]), int(rows[0]["attempt_no"])) if rows else None
+        if not rows:
+            return None
+        found = ClaimedRun(run_of(rows[0]), int(rows[0]["attempt_no"]))
+        if self.telemetry is not None:
+            yield from claimed(self.telemetry, [found])
+        return found
 
     @planned
     def claim_next_attempts(
@@ -61,9 +78,11 @@ class LeanTransitions:
                 "lost_message": LEASE_EXPIRED_MESSAGE,
             },
         )
-        claimed = [ClaimedRun(run_of(row), int(row["attempt_no"])) for row in rows]
-        claimed.sort(key=lambda c: (c.run.created_at, c.run.id))
-        return claimed
+        found = [ClaimedRun(run_of(row), int(row["attempt_no"])) for row in rows]
+        found.sort(key=lambda c: (c.run.created_at, c.run.id))
+        if self.telemetry is not None and found:
+            yield from claimed(self.telemetry, found)
+        return found
 
     @planned
     def renew_leases(
@@ -87,6 +106,8 @@ class LeanTransitions:
         if not run_ids:
             return {}
         rows: list[Row] = yield Execute(statement("renew_leases"), params)
+        if self.telemetry is not None and rows:
+            self.telemetry.renewed(len(rows))
         return {row["id"]: RunStatus(row["status"]) for row in rows}
 
     @planned
@@ -108,4 +129,9 @@ class LeanTransitions:
                 "now": check.now(now),
             },
         )
-        return {row["id"]: utc(row["finished_at"]) for row in rows}
+        finished = {row["id"]: utc(row["finished_at"]) for row in rows}
+        if self.telemetry is not None:
+            for finish in finishes:
+                if finish.run_id in finished:
+                    self.telemetry.ended(finish.worker_id, str(finish.status), finish.error_type)
+        return finished

@@ -61,6 +61,8 @@ class AgentRun:
     finished_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    # W3C traceparent/tracestate of the span that created the run (agent_runs.telemetry).
+    trace_context: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         if type(self.status) is not RunStatus:

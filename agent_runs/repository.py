@@ -17,7 +17,7 @@ from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
 from agent_runs import validation as check
-from agent_runs.claims import LEASE_EXPIRED_MESSAGE, claim, new_run_id, next_claim
+from agent_runs.claims import LEASE_EXPIRED_MESSAGE, claim, claimed, new_run_id, next_claim
 from agent_runs.driver import SyncDriver
 from agent_runs.errors import (
     UQ_ONE_ACTIVE_PER_THREAD,
@@ -26,11 +26,11 @@ from agent_runs.errors import (
     ThreadBusy,
 )
 from agent_runs.lean import LeanTransitions
-from agent_runs.models import AgentRun, Claim, RunAttempt, RunStatus, Transition
+from agent_runs.models import AgentRun, Claim, ClaimedRun, RunAttempt, RunStatus, Transition
 from agent_runs.operations import OperatorQueries
 from agent_runs.rows import attempt_of, run_of
 from agent_runs.steps import Execute, Plan, Transaction, planned
-from agent_runs.transport import Row, statement
+from agent_runs.transport import Row, Statement, statement
 
 __all__ = ["LEASE_EXPIRED_MESSAGE", "AgentRunRepository", "new_run_id"]
 
@@ -74,37 +74,23 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, SyncDriver):
             "run_type": check.run_type(run_type),
             "created_by_run_id": check.optional_identifier("created_by_run_id", created_by_run_id),
             "run_id": new_run_id() if run_id is None else check.identifier("run_id", run_id),
+            "trace_context": None,
         }
         if params["created_by_run_id"] is not None and params["created_by_run_id"] == run_id:
             raise InvalidArgument(
                 f"created_by_run_id {created_by_run_id!r} is the run's own run_id: a run cannot "
                 "be its own parent"
             )
-        try:
-            rows: list[Row] = yield Execute(statement("create_run"), params)
-            if not rows:  # request_id seen before: a new statement sees its run
-                rows = yield Execute(statement("create_run.existing"), params)
-            if not rows:  # pragma: no cover - the other run was deleted in between
-                raise InvalidArgument(f"request_id {request_id!r} is being reused; retry")
-            return run_of(rows[0])
-        except pg_errors.UniqueViolation as exc:
-            # A concurrent create with the same request_id can trip the thread index before
-            # ON CONFLICT sees the request_id: idempotency is checked first, so look again.
-            existing: list[Row] = yield Execute(statement("create_run.existing"), params)
-            if existing:
-                return run_of(existing[0])
-            if exc.diag.constraint_name == UQ_ONE_ACTIVE_PER_THREAD:
-                raise ThreadBusy(
-                    f"thread {thread_id!r} of uid {uid!r} already has an active run of agent "
-                    f"{agent_slug!r}"
-                ) from None
-            if exc.diag.constraint_name == "agent_runs_pkey":
-                raise InvalidArgument(f"run_id {run_id!r} already exists") from None
-            raise
-        except pg_errors.ForeignKeyViolation:
-            raise InvalidArgument(
-                f"created_by_run_id {created_by_run_id!r} is not an existing run"
-            ) from None
+        telemetry = self.telemetry
+        if telemetry is None:
+            run, _ = yield from _create(statement("create_run"), params)
+            return run
+        with telemetry.sending(str(params["agent_slug"]), str(params["run_id"])) as sending:
+            carried = sending.trace_context
+            params["trace_context"] = None if carried is None else Jsonb(carried)
+            run, created = yield from _create(statement("create_run"), params)
+            sending.sent(run, created=created)
+            return run
 
     @planned
     def get_run(self, run_id: str) -> Plan[AgentRun | None]:
@@ -148,7 +134,12 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, SyncDriver):
         )
         if not rows:
             return Claim(None, False)
-        return Claim(run_of(rows[0]), bool(rows[0]["acquired"]))
+        row = rows[0]
+        run = run_of(row)
+        acquired = bool(row["acquired"])
+        if self.telemetry is not None and acquired and row["initial_claim"]:
+            self.telemetry.claimed([(run, None)], {})  # attempt_no: not in this answer
+        return Claim(run, acquired)
 
     @planned
     def claim_next(
@@ -163,7 +154,12 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, SyncDriver):
         rows = yield from claim(
             "claim_next", next_claim(worker_id, lease_seconds, now, agent_slugs)
         )
-        return run_of(rows[0]) if rows else None
+        if not rows:
+            return None
+        run = run_of(rows[0])
+        if self.telemetry is not None:
+            yield from claimed(self.telemetry, [ClaimedRun(run, int(rows[0]["attempt_no"]))])
+        return run
 
     @planned
     def renew_lease(
@@ -183,6 +179,8 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, SyncDriver):
                 **check.lease(lease_seconds, now),
             },
         )
+        if self.telemetry is not None and rows:
+            self.telemetry.renewed(1)
         return bool(rows)
 
     @planned
@@ -207,6 +205,8 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, SyncDriver):
                 "now": check.now(now),
             },
         )
+        if self.telemetry is not None and rows:
+            self.telemetry.ended(worker_id, "retry_released", error_type)
         return bool(rows)
 
     # -- finishing -----------------------------------------------------------------------
@@ -236,7 +236,10 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, SyncDriver):
         )
         if not rows:
             return Transition(None, False)
-        return Transition(run_of(rows[0]), bool(rows[0]["changed"]))
+        transition = Transition(run_of(rows[0]), bool(rows[0]["changed"]))
+        if self.telemetry is not None and transition.changed and worker_id is not None:
+            self.telemetry.ended(worker_id, str(status), error_type)
+        return transition
 
     @planned
     def request_cancel(self, run_id: str, *, now: datetime | None = None) -> Plan[AgentRun | None]:
@@ -258,18 +261,34 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, SyncDriver):
             "lost_message": LEASE_EXPIRED_MESSAGE,
         }
 
-        def converge() -> Plan[list[AgentRun]]:
-            """Lock the runs that lost their owner (SKIP LOCKED), then converge exactly those."""
+        telemetry = self.telemetry
+        started_ns = 0 if telemetry is None else telemetry.clock_ns()
+
+        def converge() -> Plan[tuple[list[AgentRun], list[Row]]]:
+            """Lock the runs that lost their owner (SKIP LOCKED), then converge exactly those;
+            with telemetry, read the attempts this pass closed (for their durations)."""
             locked: list[Row] = yield Execute(statement("reconcile_expired_leases.lock"), params)
             if not locked:
-                return []
+                return [], []
             run_ids = [row["id"] for row in locked]
             rows: list[Row] = yield Execute(
                 statement("reconcile_expired_leases"), {**params, "run_ids": run_ids}
             )
-            return [run_of(row) for row in rows]
+            runs = [run_of(row) for row in rows]
+            if telemetry is None or not runs:
+                return runs, []
+            closed: list[Row] = yield Execute(
+                statement("reconcile_expired_leases.attempts"),
+                {"run_ids": [r.id for r in runs], "finished_ats": [r.finished_at for r in runs]},
+            )
+            return runs, closed
 
-        converged: list[AgentRun] = yield Transaction(converge())
+        converged: list[AgentRun]
+        closed: list[Row]
+        converged, closed = yield Transaction(converge())
+        if telemetry is not None and converged:
+            attempts = [(r.values[0], r.values[1], r.values[2], r.values[3]) for r in closed]
+            telemetry.reconciled(converged, attempts, started_ns)
         return converged
 
     @planned
@@ -302,3 +321,35 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, SyncDriver):
                 "(only the owner of a running run with a live lease may record its manifest)"
             )
         return Transition(run_of(row), bool(row["changed"]))
+
+
+def _create(stmt: Statement, params: dict[str, Any]) -> Plan[tuple[AgentRun, bool]]:
+    """create_run's statements (`stmt`, then create_run.existing): (the run, whether this call
+    created it)."""
+    try:
+        rows: list[Row] = yield Execute(stmt, params)
+        if rows:
+            return run_of(rows[0]), True
+        # request_id seen before: a new statement sees its run
+        rows = yield Execute(statement("create_run.existing"), params)
+        if not rows:  # pragma: no cover - the other run was deleted in between
+            raise InvalidArgument(f"request_id {params['request_id']!r} is being reused; retry")
+        return run_of(rows[0]), False
+    except pg_errors.UniqueViolation as exc:
+        # A concurrent create with the same request_id can trip the thread index before
+        # ON CONFLICT sees the request_id: idempotency is checked first, so look again.
+        existing: list[Row] = yield Execute(statement("create_run.existing"), params)
+        if existing:
+            return run_of(existing[0]), False
+        if exc.diag.constraint_name == UQ_ONE_ACTIVE_PER_THREAD:
+            raise ThreadBusy(
+                f"thread {params['thread_id']!r} of uid {params['uid']!r} already has an active "
+                f"run of agent {params['agent_slug']!r}"
+            ) from None
+        if exc.diag.constraint_name == "agent_runs_pkey":
+            raise InvalidArgument(f"run_id {params['run_id']!r} already exists") from None
+        raise
+    except pg_errors.ForeignKeyViolation:
+        raise InvalidArgument(
+            f"created_by_run_id {params['created_by_run_id']!r} is not an existing run"
+        ) from None

@@ -11,4 +11,5 @@ pytest_plugins = [
     "tests.fix_databases",  # a database per test: dsn, blank_dsn, conn, observer, repo
     "tests.fix_factories",  # rows forged in any state: make_run, make_attempt, t0
     "tests.fix_dashboard",  # the web dashboard: dashboard_pool, client
+    "tests.fix_telemetry",  # an in-memory OpenTelemetry SDK: otel
 ]

@@ -82,7 +82,9 @@ def test_the_schema_refuses_a_self_parent_and_a_loop_made_by_any_client(
 
 def test_0009_cuts_the_loops_already_stored_and_prune_then_removes_them(blank_dsn: str) -> None:
     apply_migrations(blank_dsn)
-    assert rollback_migrations(blank_dsn, count=1) == ["0009_lineage_is_a_tree"]
+    # Back to before 0009 (0010, telemetry, comes after it).
+    rolled = rollback_migrations(blank_dsn, count=2)
+    assert rolled == ["0010_trace_context", "0009_lineage_is_a_tree"]
     old = datetime(2020, 1, 1, tzinfo=UTC)
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
         for run_id, parent in (("self", "self"), ("a", None), ("b", "a"), ("below-self", "self")):

@@ -95,7 +95,9 @@ def test_agent_runs_has_the_specified_columns_and_types(observer: Conn) -> None:
         "finished_at",
         "created_at",
         "updated_at",
+        "trace_context",  # 0010, agent_runs.telemetry
     }
+    assert columns["trace_context"] == ("jsonb", True)
     for name in TIMESTAMP_COLUMNS["agent_runs"]:
         assert columns[name][0] == "timestamp with time zone", name
     assert columns["input_payload"] == ("jsonb", False)

@@ -20,7 +20,7 @@ import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import psycopg
 from psycopg import pq
@@ -29,6 +29,9 @@ from psycopg.rows import tuple_row
 from agent_runs.sql import query
 from agent_runs.steps import Done, Execute, Failed, Plan, Step, Stream, Transaction, next_step, pull
 from agent_runs.transport import Row, shape
+
+if TYPE_CHECKING:  # never imported at run time: telemetry off costs no import
+    from agent_runs.telemetry import Telemetry
 
 _T = TypeVar("_T")
 _IDLE: Final = pq.TransactionStatus.IDLE
@@ -84,8 +87,13 @@ async def turn(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
 class AsyncDriver:
     """The asyncio face's plumbing: runs plans on `self.conn`."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    def __init__(
+        self, conn: psycopg.AsyncConnection[Any], *, telemetry: Telemetry | None = None
+    ) -> None:
         self.conn = conn
+        # Spans and metrics as the sync face records them (agent_runs.telemetry); the
+        # observable queue gauges need a sync connection (Telemetry.observe_through).
+        self.telemetry = telemetry
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:

@@ -7,7 +7,7 @@ import json
 import uuid
 from typing import Any
 
-from agent_runs.cli.common import UsageError, open_connection
+from agent_runs.cli.common import OTEL_HELP, UsageError, open_connection, otel_from_env
 from agent_runs.explain import explain_run
 from agent_runs.report import history_json, render_history
 from agent_runs.repository import AgentRunRepository
@@ -22,6 +22,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--request-id", default=None, help="idempotency key (default: a new uuid)")
     p.add_argument("--run-type", default="chat", choices=("chat", "resume", "subagent"))
     p.add_argument("--created-by-run-id", default=None, help="parent run of a sub-agent run")
+    p.add_argument("--otel", action="store_true", help=OTEL_HELP + "; TRACEPARENT: the parent")
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("attempts", parents=[common], help="a run's attempt history, explained")
@@ -44,16 +45,22 @@ def parse_payload(text: str | None) -> dict[str, Any]:
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = parse_payload(args.payload)
-    with open_connection(args) as conn:
-        run = AgentRunRepository(conn).create_run(
-            thread_id=args.thread,
-            agent_slug=args.agent_slug,
-            uid=args.uid,
-            request_id=args.request_id or str(uuid.uuid4()),
-            input_payload=payload,
-            run_type=args.run_type,
-            created_by_run_id=args.created_by_run_id,
-        )
+    otel = otel_from_env(args, "agent-runs-enqueue", parent_from_env=True)
+    try:
+        with open_connection(args) as conn:
+            repo = AgentRunRepository(conn, telemetry=None if otel is None else otel.telemetry)
+            run = repo.create_run(
+                thread_id=args.thread,
+                agent_slug=args.agent_slug,
+                uid=args.uid,
+                request_id=args.request_id or str(uuid.uuid4()),
+                input_payload=payload,
+                run_type=args.run_type,
+                created_by_run_id=args.created_by_run_id,
+            )
+    finally:
+        if otel is not None:
+            otel.shutdown()  # exports the span before the process ends
     print(run.id)
     return 0
 

@@ -6,12 +6,15 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from agent_runs.db import connect, no_prepare_from_env
+
+if TYPE_CHECKING:
+    from agent_runs.telemetry_setup import OtelSetup
 
 PROG: Final = "agent-runs"
 # libpq gives up on an unreachable server after this long; workers then back off and retry.
@@ -74,6 +77,22 @@ def setup_logging(level: str) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)-7s %(name)s [%(process)d %(threadName)s] %(message)s",
     )
+
+
+OTEL_HELP: Final = (
+    "OpenTelemetry traces and metrics, exported as the OTEL_* variables say (default: OTLP "
+    "over HTTP); needs agent_runs[otel-cli]"
+)
+
+
+def otel_from_env(args: argparse.Namespace, service_name: str, **options: Any) -> OtelSetup | None:
+    """--otel: the SDK configured from the OTEL_* variables (agent_runs.telemetry_setup), or
+    None without it; missing packages are a usage error naming them."""
+    if not getattr(args, "otel", False):
+        return None
+    from agent_runs.telemetry_setup import configure_from_env
+
+    return configure_from_env(service_name, **options)
 
 
 def one_line(exc: BaseException) -> str:

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg_pool import ConnectionPool
 
@@ -19,6 +19,7 @@ from agent_runs import validation as check
 from agent_runs.cli.common import (
     CONNECT_TIMEOUT_SECONDS,
     LOG_LEVELS,
+    OTEL_HELP,
     PROG,
     UsageError,
     check_dsn,
@@ -26,6 +27,7 @@ from agent_runs.cli.common import (
     no_prepare,
     one_line,
     open_connection,
+    otel_from_env,
     positive_float,
     positive_int,
     resolve_dsn,
@@ -38,6 +40,9 @@ from agent_runs.logs import logger
 from agent_runs.repository import AgentRunRepository
 from agent_runs.validation import COMPLETIONS
 from agent_runs.worker import Agent, Backoff, Worker
+
+if TYPE_CHECKING:
+    from agent_runs.telemetry import Telemetry
 
 log = logger("agent_runs.cli")
 
@@ -95,6 +100,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "unwritten (a crash before they are written ends those runs through the reconciler: "
         "failed, worker_lease_expired)",
     )
+    p.add_argument("--otel", action="store_true", help=OTEL_HELP)
+    p.add_argument(
+        "--otel-observe-queue",
+        action="store_true",
+        help="with --otel: also the gauges agent_runs.run.count and agent_runs.pending.age "
+        "(one grouped query per export; turn it on in one process)",
+    )
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
     p.set_defaults(func=cmd_worker)
 
@@ -105,6 +117,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="repeat every SECONDS (at most 86400) until SIGTERM (default: once)",
     )
+    p.add_argument("--otel", action="store_true", help=OTEL_HELP)
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
     p.set_defaults(func=cmd_reconcile)
 
@@ -115,6 +128,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         check_dsn(args.listen_dsn)
     agent = load_agent(args.agent)
     setup_logging(args.log_level)
+    otel = otel_from_env(args, "agent-runs-worker", observe_queue=args.otel_observe_queue)
     pool = worker_pool(args, dsn, max_size=args.concurrency + 2)
     try:
         worker = Worker(
@@ -127,6 +141,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             poll_seconds=args.poll_seconds,
             agent_slugs=args.agent_slugs,
             completion=args.completion,
+            telemetry=None if otel is None else otel.telemetry,
             **_listen_options(args, dsn),
         )
     except BaseException:
@@ -176,9 +191,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
             "a thread did not end within a lease (an agent ignored the stop request, or ends "
             "could not be written); exiting anyway"
         )
+        if otel is not None:
+            otel.shutdown()
         logging.shutdown()
         os._exit(worker.exit_code)  # the abandoned run's lease expires; the reconciler converges it
     worker.close()
+    if otel is not None:
+        otel.shutdown()  # exports what is still buffered (the queue gauges read the pool)
     pool.close(timeout=2.0)
     log.info("worker %s stopped", worker.name)
     if not_started is not None:
@@ -242,9 +261,18 @@ def _listen_options(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
+    otel = otel_from_env(args, "agent-runs-reconcile")
+    try:
+        return _reconcile(args, None if otel is None else otel.telemetry)
+    finally:
+        if otel is not None:
+            otel.shutdown()
+
+
+def _reconcile(args: argparse.Namespace, telemetry: Telemetry | None) -> int:
     if args.every is None:
         with open_connection(args) as conn:
-            total = _reconcile_all(AgentRunRepository(conn))
+            total = _reconcile_all(AgentRunRepository(conn, telemetry=telemetry))
         print(f"reconciled {total} run(s)")
         return 0
 
@@ -263,7 +291,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         while not stop.is_set():
             try:
                 with pool.connection(timeout=CONNECT_TIMEOUT_SECONDS) as conn:
-                    _reconcile_all(AgentRunRepository(conn))
+                    _reconcile_all(AgentRunRepository(conn, telemetry=telemetry))
             except DB_ERRORS as exc:
                 delay = backoff.next_delay()
                 log.warning("reconcile failed (%s); retrying in %.1fs", one_line(exc), delay)

@@ -25,6 +25,7 @@ one entry point is `Channel.execute`, and it waits on the socket itself.
 
 from __future__ import annotations
 
+from agent_runs.transport.connection import pooled
 from agent_runs.transport.pipeline import _BEGIN as _BEGIN
 from agent_runs.transport.pipeline import _COMMIT as _COMMIT
 from agent_runs.transport.pipeline import PIPELINE_SUPPORTED, Channel
@@ -40,6 +41,7 @@ __all__ = [
     "Row",
     "Shape",
     "Statement",
+    "pooled",
     "rows_of",
     "shape",
     "shape_of",

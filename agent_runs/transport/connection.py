@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import select
 import time
-from typing import Final
+from typing import Any, Final
 
 import psycopg
 from psycopg import pq
@@ -135,3 +135,8 @@ def rollback(pgconn: PGconn, *, deadline: float | None) -> None:
     except (psycopg.Error, TimeoutError):
         if deadline is not None:
             raise
+
+
+def pooled(conn: psycopg.Connection[Any]) -> bool:
+    """True for a connection checked out of a psycopg_pool pool (it goes back to the pool)."""
+    return getattr(conn, "_pool", None) is not None

@@ -191,6 +191,10 @@ class Completer:
             with self._repository() as repo:
                 for attempt in repo.list_run_attempts(run_id):
                     if attempt.worker_id == lease.worker_id and attempt.outcome == expected:
+                        if repo.telemetry is not None:  # its end committed, the reply was lost
+                            repo.telemetry.ended(
+                                lease.worker_id, expected.value, attempt.error_type
+                            )
                         return repo.get_run(run_id)
         except DB_ERRORS:
             pass

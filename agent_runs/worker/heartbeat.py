@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from psycopg_pool import ConnectionPool, PoolClosed
 
@@ -19,6 +20,9 @@ from agent_runs.models import RunStatus
 from agent_runs.repository import AgentRunRepository
 from agent_runs.worker.connection import connection
 from agent_runs.worker.text import one_line
+
+if TYPE_CHECKING:  # telemetry off never imports it
+    from agent_runs.telemetry import Telemetry
 
 log = logger("agent_runs.worker")
 
@@ -48,9 +52,16 @@ class HeartbeatService:
     """One thread that renews every lease of the process in one `renew_leases` call per round."""
 
     def __init__(
-        self, pool: ConnectionPool, *, lease_seconds: float, interval: float, timeout: float
+        self,
+        pool: ConnectionPool,
+        *,
+        lease_seconds: float,
+        interval: float,
+        timeout: float,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._pool = pool
+        self._telemetry = telemetry
         self._lease_seconds = lease_seconds
         self._interval = interval
         self._timeout = timeout
@@ -73,12 +84,16 @@ class HeartbeatService:
         return lease
 
     def untrack(self, lease: Lease) -> None:
+        """The worker is done with this attempt (its end written, or nothing left to write)."""
         with self._lock:
             self._leases.pop(lease.worker_id, None)
+        if self._telemetry is not None:  # an attempt span still open: its lease was lost
+            self._telemetry.released(lease.worker_id)
 
     def stop_renewing(self, lease: Lease) -> None:
         lease.heartbeat_stopped = True
-        self.untrack(lease)
+        with self._lock:
+            self._leases.pop(lease.worker_id, None)
 
     def close(self) -> None:
         self._closed.set()
@@ -124,7 +139,7 @@ class HeartbeatService:
                 # After the checkout (which may wait out an outage), before the renewal is
                 # sent: the renewed lease cannot start earlier in the database.
                 sent_at = time.monotonic()
-                renewed = AgentRunRepository(conn).renew_leases(
+                renewed = AgentRunRepository(conn, telemetry=self._telemetry).renew_leases(
                     {run_id: lease.worker_id for run_id, lease in batch.items()},
                     lease_seconds=self._lease_seconds,
                 )

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from psycopg_pool import ConnectionPool, PoolClosed
 
@@ -46,6 +46,9 @@ from agent_runs.worker.heartbeat import HeartbeatService, Lease
 from agent_runs.worker.outcome import CANCELLED, RELEASE, Decision, Ending, decide
 from agent_runs.worker.protocol import Agent, RunContext
 from agent_runs.worker.text import one_line
+
+if TYPE_CHECKING:  # telemetry off never imports it
+    from agent_runs.telemetry import Telemetry
 
 log = logger("agent_runs.worker")
 
@@ -74,6 +77,7 @@ class Worker:
         agent_slugs: Sequence[str] | None = None,
         listen_dsn: str | None = None,
         completion: str = "durable",
+        telemetry: Telemetry | None = None,
     ) -> None:
         if name is None:
             name = f"{socket.gethostname()}-{os.getpid()}"[: check.MAX_WORKER_NAME_LENGTH]
@@ -93,11 +97,17 @@ class Worker:
         self.agent_slugs = check.agent_slugs(agent_slugs)
         # How long one database call may wait for a pooled connection (a reconnect included).
         self.connection_timeout = max(1.0, min(5.0, self.lease_seconds / 2))
+        # OpenTelemetry (agent_runs.telemetry): its repositories record claims, ends and
+        # reconciles; the heartbeat, renewals and let-go attempts; None: off.
+        self.telemetry = telemetry
+        if telemetry is not None:
+            telemetry.observe_through(pool)
         self.heartbeat = HeartbeatService(
             pool,
             lease_seconds=self.lease_seconds,
             interval=self.heartbeat_seconds,
             timeout=self.connection_timeout,
+            telemetry=telemetry,
         )
         self.completer = Completer(
             self.repository,
@@ -174,7 +184,7 @@ class Worker:
     @contextmanager
     def repository(self) -> Iterator[AgentRunRepository]:
         with connection(self.pool, timeout=self.connection_timeout) as conn:
-            yield AgentRunRepository(conn)
+            yield AgentRunRepository(conn, telemetry=self.telemetry)
 
     # -- loops -----------------------------------------------------------------------------
 
@@ -242,7 +252,11 @@ class Worker:
     def _run_claimed(self, claimed: Claimed, stop: threading.Event, handed: list[Lease]) -> None:
         lease = claimed.lease
         try:
-            self._execute(claimed.run, lease, stop, claimed.attempt_no, hand_over=True)
+            if self.telemetry is None:
+                self._execute(claimed.run, lease, stop, claimed.attempt_no, hand_over=True)
+            else:  # the attempt's span, claimed in the claimer thread, is current here
+                with self.telemetry.executing(lease.worker_id):
+                    self._execute(claimed.run, lease, stop, claimed.attempt_no, hand_over=True)
         finally:
             if not lease.written_later:
                 self.heartbeat.untrack(lease)
@@ -330,8 +344,12 @@ class Worker:
         if run is None:
             return None
         lease = self._track(run, token, claimed_at)
+        hand_over = self.completion == "async"
         try:
-            return self._execute(run, lease, stop, attempt_no, hand_over=self.completion == "async")
+            if self.telemetry is None:
+                return self._execute(run, lease, stop, attempt_no, hand_over=hand_over)
+            with self.telemetry.executing(lease.worker_id):
+                return self._execute(run, lease, stop, attempt_no, hand_over=hand_over)
         finally:
             if not lease.written_later:
                 self.heartbeat.untrack(lease)
