@@ -15,7 +15,7 @@ from psycopg import errors as pg_errors
 from agent_runs import validation as check
 from agent_runs.errors import UQ_ONE_OPEN_ATTEMPT, UQ_RUN_ATTEMPT_NO
 from agent_runs.models import ClaimedRun
-from agent_runs.rows import utc
+from agent_runs.rows import run_of, utc
 from agent_runs.steps import Execute, Plan
 from agent_runs.transport import Row, statement
 
@@ -87,3 +87,13 @@ def claimed(telemetry: Telemetry, runs: Sequence[ClaimedRun]) -> Plan[None]:
         )
         released = {row["run_id"]: utc(row["finished_at"]) for row in rows}
     telemetry.claimed(runs, released)
+
+
+def first_claimed(telemetry: Telemetry | None, rows: list[Row]) -> Plan[ClaimedRun | None]:
+    """The run claim_next's answer claimed, with its attempt_no (and its telemetry)."""
+    if not rows:
+        return None
+    found = ClaimedRun(run_of(rows[0]), int(rows[0]["attempt_no"]))
+    if telemetry is not None:
+        yield from claimed(telemetry, [found])
+    return found

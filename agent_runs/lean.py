@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from agent_runs import validation as check
-from agent_runs.claims import LEASE_EXPIRED_MESSAGE, claim, claimed, next_claim
+from agent_runs.claims import LEASE_EXPIRED_MESSAGE, claim, claimed, first_claimed, next_claim
 from agent_runs.models import AgentRun, ClaimedRun, Finish, RunStatus
 from agent_runs.rows import run_of, utc
 from agent_runs.steps import Execute, Plan, planned
@@ -50,12 +50,7 @@ class LeanTransitions:
         rows = yield from claim(
             "claim_next", next_claim(worker_id, lease_seconds, now, agent_slugs)
         )
-        if not rows:
-            return None
-        found = ClaimedRun(run_of(rows[0]), int(rows[0]["attempt_no"]))
-        if self.telemetry is not None:
-            yield from claimed(self.telemetry, [found])
-        return found
+        return (yield from first_claimed(self.telemetry, rows))
 
     @planned
     def claim_next_attempts(

@@ -17,7 +17,7 @@ from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
 from agent_runs import validation as check
-from agent_runs.claims import LEASE_EXPIRED_MESSAGE, claim, claimed, new_run_id, next_claim
+from agent_runs.claims import LEASE_EXPIRED_MESSAGE, claim, first_claimed, new_run_id, next_claim
 from agent_runs.driver import SyncDriver
 from agent_runs.errors import (
     UQ_ONE_ACTIVE_PER_THREAD,
@@ -26,7 +26,7 @@ from agent_runs.errors import (
     ThreadBusy,
 )
 from agent_runs.lean import LeanTransitions
-from agent_runs.models import AgentRun, Claim, ClaimedRun, RunAttempt, RunStatus, Transition
+from agent_runs.models import AgentRun, Claim, RunAttempt, RunStatus, Transition
 from agent_runs.operations import OperatorQueries
 from agent_runs.rows import attempt_of, run_of
 from agent_runs.steps import Execute, Plan, Transaction, planned
@@ -154,12 +154,8 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, SyncDriver):
         rows = yield from claim(
             "claim_next", next_claim(worker_id, lease_seconds, now, agent_slugs)
         )
-        if not rows:
-            return None
-        run = run_of(rows[0])
-        if self.telemetry is not None:
-            yield from claimed(self.telemetry, [ClaimedRun(run, int(rows[0]["attempt_no"]))])
-        return run
+        found = yield from first_claimed(self.telemetry, rows)
+        return None if found is None else found.run
 
     @planned
     def renew_lease(
