@@ -26,6 +26,7 @@ ALL = [
     "0006_json_guard_after_update",
     "0007_drop_attempt_identity_index",
     "0008_operator_indexes_skip_live",
+    "0011_run_waiters",
 ]
 AFTER_0001 = ALL[1:]
 AFTER_0002 = ALL[2:]
@@ -91,7 +92,7 @@ def test_every_migration_has_a_rollback_file() -> None:
 def test_migrations_apply_to_an_empty_database(blank_dsn: str) -> None:
     assert relations(blank_dsn) == set()
     assert apply_migrations(blank_dsn) == ALL
-    assert relations(blank_dsn) == {"agent_runs", "agent_run_attempts"}
+    assert relations(blank_dsn) == {"agent_runs", "agent_run_attempts", "agent_run_waiters"}
     items = schema(blank_dsn)
     assert any(item.startswith("trigger ") for item in items)
     assert any("uq_agent_run_attempts_run_attempt_no" in item for item in items)
@@ -254,7 +255,7 @@ def test_a_key_value_dsn_becomes_a_url_that_migrations_accept(blank_dsn: str) ->
     assert url.startswith("postgresql://")
     assert conninfo_to_dict(url) == conninfo_to_dict(blank_dsn)
     assert apply_migrations(url) == ALL
-    assert relations(blank_dsn) == {"agent_runs", "agent_run_attempts"}
+    assert relations(blank_dsn) == {"agent_runs", "agent_run_attempts", "agent_run_waiters"}
 
 
 def _bounds_objects(url: str) -> list[str]:
