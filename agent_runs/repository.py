@@ -1,7 +1,7 @@
 """AgentRunRepository: every transition of a run and its attempts, one SQL file each.
 
 One class per table pair on purpose: each public method is a short validation block around one
-sql/ file; the operator's queries live in operations.py and are mixed in.
+sql/ file; the operator's queries (operations.py) and create_runs (fanout.py) are mixed in.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from agent_runs.errors import (
     NotLeaseOwner,
     ThreadBusy,
 )
+from agent_runs.fanout import RunBatches
 from agent_runs.models import (
     AgentRun,
     Claim,
@@ -154,7 +155,7 @@ def _one_call_at_a_time(cls: type[Any]) -> None:
             setattr(cls, name, _taking_turns(method))
 
 
-class AgentRunRepository(OperatorQueries):
+class AgentRunRepository(OperatorQueries, RunBatches):
     """The data access object for agent_runs and agent_run_attempts over one psycopg connection.
 
     Every method runs in its own explicit transaction, which becomes a savepoint inside a

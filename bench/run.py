@@ -21,6 +21,7 @@ from psycopg import sql
 import agent_runs
 from bench import (
     drain_phase,
+    fanout_phase,
     heartbeat_scale_phase,
     lean_floor,
     operator_phase,
@@ -386,6 +387,7 @@ DEPLOYMENT_PHASES: Final = (
     ("pooler", pooler_phase),
     ("heartbeat_scale", heartbeat_scale_phase),
     ("drain", drain_phase),
+    ("fanout", fanout_phase),
 )
 
 
