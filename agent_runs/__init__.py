@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from importlib import metadata
+
 from agent_runs.db import connect, create_pool
 from agent_runs.errors import AgentRunsError, InvalidArgument, NotLeaseOwner, ThreadBusy
+from agent_runs.fingerprint import manifest_fingerprint
 from agent_runs.models import (
     AgentRun,
     AttemptOutcome,
@@ -13,7 +16,6 @@ from agent_runs.models import (
     RunAttempt,
     RunStatus,
     Transition,
-    manifest_fingerprint,
 )
 from agent_runs.notify import CLAIMABLE_CHANNEL, FINISHED_CHANNEL, wait_for_run
 from agent_runs.operations import (
@@ -26,6 +28,8 @@ from agent_runs.operations import (
     runs_cursor,
 )
 from agent_runs.repository import AgentRunRepository
+
+__version__ = metadata.version("agent_runs")
 
 __all__ = [
     "CLAIMABLE_CHANNEL",

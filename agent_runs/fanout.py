@@ -19,7 +19,9 @@ from psycopg.types.json import Jsonb
 
 from agent_runs import validation as check
 from agent_runs.errors import UQ_ONE_ACTIVE_PER_THREAD, InvalidArgument, ThreadBusy
+from agent_runs.ids import new_run_id
 from agent_runs.models import AgentRun
+from agent_runs.rows import run_of as _run
 from agent_runs.transport import Row
 
 if TYPE_CHECKING:
@@ -50,18 +52,6 @@ class _Item:
         return (self.uid, self.agent_slug, self.thread_id)
 
 
-def _run(row: Row) -> AgentRun:
-    from agent_runs.repository import _run as run_of  # the repository imports this module
-
-    return run_of(row)
-
-
-def _new_run_id() -> str:
-    from agent_runs.repository import new_run_id  # the repository imports this module
-
-    return new_run_id()
-
-
 def _item(index: int, value: object) -> _Item:
     if not isinstance(value, Mapping):
         raise InvalidArgument(
@@ -77,9 +67,9 @@ def _item(index: int, value: object) -> _Item:
     try:
         payload = value.get("input_payload")
         run_id = value.get("run_id")
-        return _Item(
+        item = _Item(
             index=index,
-            run_id=_new_run_id() if run_id is None else check.identifier("run_id", run_id),
+            run_id=new_run_id() if run_id is None else check.identifier("run_id", run_id),
             request_id=check.identifier("request_id", value["request_id"]),
             thread_id=check.identifier("thread_id", value["thread_id"]),
             agent_slug=check.identifier("agent_slug", value["agent_slug"]),
@@ -92,6 +82,12 @@ def _item(index: int, value: object) -> _Item:
         )
     except InvalidArgument as exc:
         raise InvalidArgument(f"items[{index}]: {exc}") from None
+    if item.created_by_run_id is not None and item.created_by_run_id == item.run_id:
+        raise InvalidArgument(
+            f"items[{index}]: created_by_run_id {item.created_by_run_id!r} is the run's own "
+            "run_id: a run cannot be its own parent"
+        )
+    return item
 
 
 def _items(value: object) -> tuple[list[_Item], list[_Item]]:
@@ -114,7 +110,27 @@ def _items(value: object) -> tuple[list[_Item], list[_Item]]:
             )
         run_ids[item.run_id] = item.index
         sent[item.request_id] = item
+    _refuse_loops(list(sent.values()))
     return items, list(sent.values())
+
+
+def _refuse_loops(sent: list[_Item]) -> None:
+    """Lineage is a tree: parent links among the batch's new runs must not close a loop (runs
+    outside the batch are in a tree already, and a new run is nobody's parent yet)."""
+    parent_of = {item.run_id: item.created_by_run_id for item in sent}
+    settled: set[str] = set()  # run_ids known to lead out of the batch
+    for item in sent:
+        path: list[str] = []
+        node: str | None = item.run_id
+        while node is not None and node in parent_of and node not in settled:
+            if node in path:
+                raise InvalidArgument(
+                    f"items[{item.index}]: created_by_run_id {item.created_by_run_id!r} closes "
+                    "a loop of parents inside the batch (lineage is a tree)"
+                )
+            path.append(node)
+            node = parent_of[node]
+        settled.update(path)
 
 
 def _params(sent: list[_Item]) -> dict[str, Any]:

@@ -16,8 +16,6 @@ reliable, so give the listener a direct connection, or rely on the poll fallback
 
 from __future__ import annotations
 
-import logging
-import math
 import threading
 import time
 import uuid
@@ -31,6 +29,7 @@ from agent_runs import validation as check
 from agent_runs import waiters
 from agent_runs.backoff import Backoff
 from agent_runs.errors import InvalidArgument
+from agent_runs.logs import logger
 from agent_runs.models import AgentRun
 from agent_runs.repository import AgentRunRepository
 
@@ -49,6 +48,11 @@ _MAX_SLUG_LENGTH: Final = 64
 # wait_for_run re-reads the run this often in case a notification was missed (a pooler
 # between us and the server, a listener connection that was replaced).
 WAIT_POLL_SECONDS: Final = 2.0
+# wait_for_run reads at most this many other runs' notifications in one slice; past it, the
+# connection is flooded (its reads would queue behind the notifications: a deadline could not
+# hold), so it stops listening and re-reads the run every FLOODED_POLL_SECONDS instead.
+FLOOD_NOTIFICATIONS: Final = 10_000
+FLOODED_POLL_SECONDS: Final = 0.2
 # Wakeups: pending wake-ups kept while no claimer waits (a burst never queues more).
 MAX_PENDING: Final = 10_000
 # The listener thread checks its stop flag at least this often.
@@ -62,7 +66,7 @@ _LISTENER_DEFAULTS: Final[Mapping[str, Any]] = {
     "keepalives_count": 3,
 }
 
-log = logging.getLogger("agent_runs.notify")
+log = logger("agent_runs.notify")
 
 
 def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds: float) -> AgentRun:
@@ -74,7 +78,7 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
     it), and is left idle afterwards.
     """
     run_id = check.identifier("run_id", run_id)
-    timeout = _timeout_seconds(timeout_seconds)
+    timeout = check.timeout_seconds(timeout_seconds)
     if not conn.autocommit or conn.info.transaction_status != pq.TransactionStatus.IDLE:
         raise InvalidArgument("conn must be an idle autocommit connection (LISTEN needs it)")
     deadline = time.monotonic() + timeout
@@ -82,6 +86,7 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
     # LISTEN, then register, before the first read: a run that ends after the read is then
     # always notified (its end notifies only registered runs).
     conn.execute(_LISTEN_FINISHED, prepare=False)
+    listening = True
     waiter_id = waiters.new_waiter_id()
     registered = False
     try:
@@ -95,9 +100,16 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
                 raise TimeoutError(
                     f"run {run_id!r} is still {run.status} after {timeout:g} seconds"
                 )
-            for notify in conn.notifies(timeout=min(remaining, WAIT_POLL_SECONDS)):
-                if notify.channel == FINISHED_CHANNEL and notify.payload == run_id:
-                    break
+            if not listening:
+                time.sleep(min(remaining, FLOODED_POLL_SECONDS))
+            elif _await_finished(
+                conn, run_id, until=time.monotonic() + min(remaining, WAIT_POLL_SECONDS)
+            ):
+                # Flooded: every statement on this connection would queue behind others'
+                # notifications. Stop them at their source and poll for the rest of the call.
+                conn.execute(_UNLISTEN_FINISHED, prepare=False)
+                listening = False
+                _discard_received(conn, until=deadline)
             fresh = repo.get_run(run_id)
             if fresh is None:
                 raise InvalidArgument(f"run_id {run_id!r}: the run was deleted while waiting")
@@ -114,13 +126,32 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
             conn.execute(_UNLISTEN_FINISHED, prepare=False)
 
 
-def _timeout_seconds(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgument(f"timeout_seconds must be a number, not {type(value).__name__}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise InvalidArgument(f"timeout_seconds must be finite and >= 0, not {value!r}")
-    return seconds
+def _await_finished(conn: psycopg.Connection[Any], run_id: str, *, until: float) -> bool:
+    """Read notifications until run `run_id`'s arrives or the monotonic clock reaches `until`;
+    True when other runs' notifications flooded in (more than FLOOD_NOTIFICATIONS).
+
+    The clock is checked after every notification (psycopg's own timeout is checked only
+    between batches), so others' notifications never keep the caller past `until`.
+    """
+    remaining = until - time.monotonic()
+    if remaining <= 0:
+        return False
+    for others, notify in enumerate(conn.notifies(timeout=remaining)):
+        if notify.channel == FINISHED_CHANNEL and notify.payload == run_id:
+            return False
+        if others >= FLOOD_NOTIFICATIONS:
+            return True
+        if time.monotonic() >= until:
+            return False
+    return False
+
+
+def _discard_received(conn: psycopg.Connection[Any], *, until: float) -> None:
+    """Drop the notifications that arrived before UNLISTEN took effect (psycopg keeps them for
+    the connection's next reader), reading until none is left or `until`."""
+    for _ in conn.notifies(timeout=0):
+        if time.monotonic() >= until:
+            return
 
 
 class Wakeups:

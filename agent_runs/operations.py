@@ -19,8 +19,10 @@ from agent_runs import validation as check
 from agent_runs.durations import MAX_DURATION
 from agent_runs.errors import InvalidArgument
 from agent_runs.models import AgentRun, RunStatus
+from agent_runs.rows import run_of as _run
 from agent_runs.sql import query
 from agent_runs.transport import Row, rows_of
+from agent_runs.turns import turns
 
 if TYPE_CHECKING:
     import psycopg
@@ -135,21 +137,6 @@ def _decode_cursor(value: object) -> tuple[datetime, str]:
     return created_at, check.identifier("before", run_id)
 
 
-def _run(row: Row) -> AgentRun:
-    from agent_runs.repository import _run as run_of  # the repository imports this module
-
-    return run_of(row)
-
-
-def _aware(name: str, value: datetime) -> datetime:
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidArgument(f"{name} must be timezone-aware (naive datetimes are ambiguous)")
-    utc = value.astimezone(UTC)
-    if not check.TIME_MIN <= utc < check.TIME_MAX:
-        raise InvalidArgument(f"{name} must lie in [{check.TIME_MIN}, {check.TIME_MAX}) UTC")
-    return utc
-
-
 def _span(name: str, value: object, *, allow_zero: bool = False) -> float:
     """A timedelta as seconds: > 0 (or >= 0) and at most 100 years."""
     if not isinstance(value, timedelta):
@@ -165,7 +152,7 @@ def _since(value: object) -> tuple[datetime | None, float | None]:
     if value is None:
         return None, None
     if isinstance(value, datetime):
-        return _aware("since", value), None
+        return check.instant("since", value), None
     if isinstance(value, timedelta):
         return None, _span("since", value, allow_zero=True)
     raise InvalidArgument(f"since must be an aware datetime or a timedelta, not {value!r}")
@@ -429,8 +416,6 @@ class OperatorQueries:
     def _prune_batch(self, params: dict[str, Any]) -> tuple[Row, Row]:
         """One batch in its own transaction: lock whole trees, then (a new statement, so a new
         snapshot) check nothing was added below them, and delete."""
-        from agent_runs.repository import turns  # the repository imports this module
-
         with turns(self.conn), self.conn.transaction():
             cur = self.conn.cursor()
             cur.execute(query("prune_finished_runs"), params, prepare=False)

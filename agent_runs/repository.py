@@ -6,18 +6,11 @@ sql/ file; the operator's queries (operations.py) and create_runs (fanout.py) ar
 
 from __future__ import annotations
 
-import functools
-import os
 import threading
-import time
-import uuid
-import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import fields
-from datetime import UTC, datetime
-from types import FunctionType
-from typing import Any, Final, LiteralString, ParamSpec, TypeVar
+from datetime import datetime
+from typing import Any, Final, LiteralString
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -33,6 +26,7 @@ from agent_runs.errors import (
     ThreadBusy,
 )
 from agent_runs.fanout import RunBatches
+from agent_runs.ids import new_run_id
 from agent_runs.models import (
     AgentRun,
     Claim,
@@ -43,8 +37,13 @@ from agent_runs.models import (
     Transition,
 )
 from agent_runs.operations import OperatorQueries
+from agent_runs.rows import attempt_of as _attempt
+from agent_runs.rows import run_of as _run
+from agent_runs.rows import utc as _aware
 from agent_runs.sql import query
 from agent_runs.transport import Channel, Row, rows_of, statement
+from agent_runs.turns import one_call_at_a_time as _one_call_at_a_time
+from agent_runs.turns import turns
 
 LEASE_EXPIRED_MESSAGE: Final = (
     "the worker's lease expired before it reported a result: the outcome is unknown. Under "
@@ -57,102 +56,6 @@ LEASE_EXPIRED_MESSAGE: Final = (
 # the duplicate; a new statement (new snapshot) then sees it. Bounded: the race is rare.
 _CLAIM_RACE_CONSTRAINTS: Final = frozenset({UQ_RUN_ATTEMPT_NO, UQ_ONE_OPEN_ATTEMPT})
 _CLAIM_TRIES: Final = 5
-
-_RUN_FIELDS: Final = tuple(f.name for f in fields(AgentRun))
-_ATTEMPT_FIELDS: Final = tuple(f.name for f in fields(RunAttempt))
-_TIMESTAMPS: Final = frozenset(
-    {
-        "heartbeat_at",
-        "lease_expires_at",
-        "manifest_recorded_at",
-        "started_at",
-        "finished_at",
-        "created_at",
-        "updated_at",
-    }
-)
-# Positions of the timestamp fields among each model's fields (made timezone-aware UTC).
-_RUN_TIMESTAMPS: Final = tuple(i for i, n in enumerate(_RUN_FIELDS) if n in _TIMESTAMPS)
-_ATTEMPT_TIMESTAMPS: Final = tuple(i for i, n in enumerate(_ATTEMPT_FIELDS) if n in _TIMESTAMPS)
-
-
-def _aware(value: datetime) -> datetime:
-    """A timestamp as UTC (psycopg gives the session's time zone)."""
-    return value if value.tzinfo is UTC else value.astimezone(UTC)
-
-
-def _utc(fields_: list[Any], stamps: tuple[int, ...]) -> list[Any]:
-    """The timestamps among a model's fields as UTC (psycopg gives the session's time zone)."""
-    for i in stamps:
-        value = fields_[i]
-        if value is not None:
-            fields_[i] = _aware(value)
-    return fields_
-
-
-def _run(row: Row) -> AgentRun:
-    pick = row.shape.picker("run", _RUN_FIELDS)
-    if pick is None:  # pragma: no cover - every run statement returns the run's columns
-        raise AssertionError("this result carries no run")
-    return AgentRun(*_utc(list(pick(row.values)), _RUN_TIMESTAMPS))
-
-
-def _attempt(row: Row) -> RunAttempt:
-    pick = row.shape.picker("attempt", _ATTEMPT_FIELDS)
-    if pick is None:  # pragma: no cover - every attempt statement returns its columns
-        raise AssertionError("this result carries no attempt")
-    return RunAttempt(*_utc(list(pick(row.values)), _ATTEMPT_TIMESTAMPS))
-
-
-def new_run_id() -> str:
-    """A random UUID of version 7: its first 48 bits are the Unix time in milliseconds.
-
-    New runs' keys then land at the right end of the primary key index (no page splits
-    scattered over the whole index, fewer page images in the WAL); uniqueness rests on the 74
-    random bits, as for uuid4.
-    """
-    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10))
-    value = value & ~(0xF << 76) | 0x7 << 76  # version 7
-    value = value & ~(0x3 << 62) | 0x2 << 62  # RFC 9562 variant
-    return str(uuid.UUID(int=value))
-
-
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
-
-# One re-entrant lock per connection, shared by every repository on it: a public call holds it
-# from its first statement to its last, so threads sharing a connection take turns call by call
-# (psycopg's own conn.lock is per statement, and not re-entrant).
-_turns: weakref.WeakKeyDictionary[psycopg.Connection[Any], threading.RLock] = (
-    weakref.WeakKeyDictionary()
-)
-_turns_made = threading.Lock()
-
-
-def turns(conn: psycopg.Connection[Any]) -> threading.RLock:
-    """The lock every repository call on `conn` holds for its whole duration."""
-    lock = _turns.get(conn)
-    if lock is None:
-        with _turns_made:
-            lock = _turns.setdefault(conn, threading.RLock())
-    return lock
-
-
-def _taking_turns(method: Callable[_P, _T]) -> Callable[_P, _T]:
-    @functools.wraps(method)
-    def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-        with turns(args[0].conn):  # type: ignore[attr-defined]
-            return method(*args, **kwargs)
-
-    return call
-
-
-def _one_call_at_a_time(cls: type[Any]) -> None:
-    """Wrap every public method of `cls` (its bases' too) in its connection's turn."""
-    for name in dir(cls):
-        method = getattr(cls, name)
-        if not name.startswith("_") and isinstance(method, FunctionType):
-            setattr(cls, name, _taking_turns(method))
 
 
 class AgentRunRepository(OperatorQueries, RunBatches):
@@ -240,6 +143,11 @@ class AgentRunRepository(OperatorQueries, RunBatches):
             "created_by_run_id": check.optional_identifier("created_by_run_id", created_by_run_id),
             "run_id": new_run_id() if run_id is None else check.identifier("run_id", run_id),
         }
+        if params["created_by_run_id"] is not None and params["created_by_run_id"] == run_id:
+            raise InvalidArgument(
+                f"created_by_run_id {created_by_run_id!r} is the run's own run_id: a run cannot "
+                "be its own parent"
+            )
         try:
             rows = self._execute("create_run", params)
             if not rows:  # request_id seen before: a new statement sees its run

@@ -17,12 +17,15 @@ Limits (the schema enforces the same time window, see migrations/0003_timestamp_
   refused when invalid from a direct caller, and kept inside the message by `agent_error`.
 - Worker settings: name 1-95 characters (owner tokens are `name:` + 32 hex digits, <= 128),
   heartbeat_seconds below lease_seconds, max_tries 1-1,000,000, poll_seconds 0 < x <= 3600.
+- timeout_seconds (wait_for_run): a finite number, 0 <= x <= 366 days. Every number is checked
+  without converting it first: a huge int is refused by name, never an OverflowError.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -39,7 +42,11 @@ MAX_ERROR_TYPE_LENGTH: Final = 64
 MAX_ERROR_MESSAGE_LENGTH: Final = 8192
 MAX_LEASE_SECONDS: Final = 86400
 MAX_POLL_SECONDS: Final = 3600
+# A wait longer than a year is a mistake, not a plan (and keeps deadlines far from overflow).
+MAX_TIMEOUT_SECONDS: Final = 366 * 86400
 MAX_TRIES: Final = 1_000_000
+# Threads of one `agent-runs worker` process (each may hold a pooled database connection).
+MAX_CONCURRENCY: Final = 1000
 MAX_LIMIT: Final = 100_000
 MAX_BATCH: Final = 1000  # runs per claim_next_attempts / finish_runs call
 MAX_DSN_LENGTH: Final = 4096
@@ -51,6 +58,10 @@ MAX_JSON_INT: Final = 10**4000
 TIME_MIN: Final = datetime(2000, 1, 1, tzinfo=UTC)
 TIME_MAX: Final = datetime(9000, 1, 1, tzinfo=UTC)
 INVALID_ERROR_TYPE: Final = "invalid_error_type"
+# An invalid error_type is kept in the message as the first this-many characters of its repr.
+MAX_BAD_ERROR_TYPE_SHOWN: Final = 100
+# The marker `error_message` appends to a message it cut (N > 0 characters cut).
+_CUT_MARKER: Final = re.compile(r" … \[truncated [1-9][0-9]* characters\]")
 RUN_TYPES: Final = frozenset({"chat", "resume", "subagent"})
 _HEX = frozenset("0123456789abcdef")
 _REPLACEMENT: Final = "\ufffd"
@@ -103,18 +114,33 @@ def optional_worker_id(value: object) -> str | None:
     return None if value is None else worker_id(value)
 
 
-def _seconds(name: str, value: object, low: float, high: float) -> float:
-    """A finite number with low < value <= high, as a float (bool and huge ints refused)."""
+def _seconds(
+    name: str, value: object, low: float, high: float, *, low_allowed: bool = False
+) -> float:
+    """A finite number with low < value <= high (low <= value with `low_allowed`), as a float
+    (bool and huge ints refused)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgument(f"{name} must be a number, got {type(value).__name__}")
     try:
         seconds = float(value)
     except OverflowError:
         seconds = math.inf
-    if not math.isfinite(seconds) or not low < seconds <= high:
+    above_low = low <= seconds if low_allowed else low < seconds
+    if not math.isfinite(seconds) or not above_low or not seconds <= high:
         shown = f"{type(value).__name__} out of range" if seconds == math.inf else repr(seconds)
-        raise InvalidArgument(f"{name} must be finite, > {low:g} and <= {high:g}, got {shown}")
+        sign = ">=" if low_allowed else ">"
+        raise InvalidArgument(f"{name} must be finite, {sign} {low:g} and <= {high:g}, got {shown}")
     return seconds
+
+
+def timeout_seconds(value: object, name: str = "timeout_seconds") -> float:
+    """How long a call may wait: a finite number, 0 <= x <= MAX_TIMEOUT_SECONDS."""
+    return _seconds(name, value, 0, MAX_TIMEOUT_SECONDS, low_allowed=True)
+
+
+def every_seconds(value: object, name: str = "--every") -> float:
+    """A repeating command's period: a finite number, 0 < x <= 86400."""
+    return _seconds(name, value, 0, MAX_LEASE_SECONDS)
 
 
 def lease_seconds(value: object) -> float:
@@ -131,18 +157,7 @@ def now(value: object, lease_seconds: float | None = None) -> datetime | None:
         return None
     if not isinstance(value, datetime):
         raise InvalidArgument(f"now must be a datetime or None, got {type(value).__name__}")
-    try:
-        offset = value.utcoffset()
-    except Exception as exc:  # a broken tzinfo: its own error, named
-        raise InvalidArgument(f"now has a tzinfo that fails: {exc!r}") from None
-    if offset is None:
-        raise InvalidArgument("now must be timezone-aware (naive datetimes are ambiguous)")
-    try:
-        utc = value.astimezone(UTC)
-    except OverflowError:
-        raise InvalidArgument(f"now must lie in [{TIME_MIN}, {TIME_MAX}) UTC") from None
-    if not TIME_MIN <= utc < TIME_MAX:
-        raise InvalidArgument(f"now must lie in [{TIME_MIN}, {TIME_MAX}) UTC, got {utc}")
+    utc = instant("now", value)
     if lease_seconds is not None and utc + timedelta(seconds=lease_seconds) >= TIME_MAX:
         raise InvalidArgument(
             f"now + lease_seconds must be before {TIME_MAX} UTC, got now {utc} "
@@ -152,6 +167,24 @@ def now(value: object, lease_seconds: float | None = None) -> datetime | None:
     return datetime(
         utc.year, utc.month, utc.day, utc.hour, utc.minute, utc.second, utc.microsecond, UTC
     )
+
+
+def instant(name: str, value: datetime) -> datetime:
+    """An aware datetime in UTC inside [TIME_MIN, TIME_MAX); naive, broken or out-of-range
+    ones are refused by name (never an OverflowError from the conversion)."""
+    try:
+        offset = value.utcoffset()
+    except Exception as exc:  # a broken tzinfo: its own error, named
+        raise InvalidArgument(f"{name} has a tzinfo that fails: {_shown(exc)}") from None
+    if offset is None:
+        raise InvalidArgument(f"{name} must be timezone-aware (naive datetimes are ambiguous)")
+    try:
+        utc = value.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise InvalidArgument(f"{name} must lie in [{TIME_MIN}, {TIME_MAX}) UTC") from None
+    if not TIME_MIN <= utc < TIME_MAX:
+        raise InvalidArgument(f"{name} must lie in [{TIME_MIN}, {TIME_MAX}) UTC, got {utc}")
+    return utc
 
 
 def lease(seconds: object, at: object) -> dict[str, Any]:
@@ -206,7 +239,9 @@ def _shown(value: object, limit: int = 200) -> str:
     except Exception:
         text = f"<unrepresentable {type(value).__name__}>"
     text = _storable(text)
-    return text if len(text) <= limit else text[:limit] + "…"
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [truncated {len(text) - limit} characters]"
 
 
 def error_message(value: object) -> str | None:
@@ -214,11 +249,15 @@ def error_message(value: object) -> str | None:
 
     Not a str: its str(). Lone surrogates and NUL become U+FFFD; over 8,192 characters, the
     first 8,192 are kept followed by ` … [truncated N characters]` (N characters cut).
+    Cutting is done once: a message already cut (8,192 characters and the marker, as this
+    function returns it) is kept as it is, so its marker still counts what the first cut took.
     """
     if value is None:
         return None
     text = _storable(_str_of(value))
-    if len(text) > MAX_ERROR_MESSAGE_LENGTH:
+    if len(text) > MAX_ERROR_MESSAGE_LENGTH and not _CUT_MARKER.fullmatch(
+        text, MAX_ERROR_MESSAGE_LENGTH
+    ):
         cut = len(text) - MAX_ERROR_MESSAGE_LENGTH
         text = f"{text[:MAX_ERROR_MESSAGE_LENGTH]} … [truncated {cut} characters]"
     return text
@@ -234,11 +273,8 @@ def agent_error(error_type_: object, error_message_: object) -> tuple[str | None
         return error_type(error_type_), error_message(error_message_)
     except InvalidArgument as exc:
         reason = str(exc)
-    try:
-        shown = repr(error_type_)
-    except Exception:
-        shown = f"<unrepresentable {type(error_type_).__name__}>"
-    head = f"error_type {shown} was not storable ({reason})"
+    # The bad type is told by a short prefix: the agent's own message must follow it whole.
+    head = f"error_type {_shown(error_type_, MAX_BAD_ERROR_TYPE_SHOWN)} was not storable ({reason})"
     if error_message_ is None:
         return INVALID_ERROR_TYPE, error_message(head)
     return INVALID_ERROR_TYPE, error_message(f"{head}: {_str_of(error_message_)}")

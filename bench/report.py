@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,3 +89,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, indent: str 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def log(message: str) -> None:
+    """A progress line on stderr (stdout carries the report)."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)

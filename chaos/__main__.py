@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import NoReturn
 
+from chaos.options import Options
 from chaos.report import render
 from chaos.scenario import make_plan
-from chaos.suite import Options, run_chaos
+from chaos.suite import run_chaos
 
 
 class _Parser(argparse.ArgumentParser):

@@ -21,7 +21,7 @@
 -- once expires_at passed (deleted by the next waiter that unregisters, a bounded batch).
 --
 -- On a populated database: a new empty table and a function, no lock on agent_runs.
--- depends: 0008_operator_indexes_skip_live
+-- depends: 0009_lineage_is_a_tree
 
 CREATE UNLOGGED TABLE agent_run_waiters (
     run_id text NOT NULL,

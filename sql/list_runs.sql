@@ -4,10 +4,14 @@
 --       live lease not reconciled yet, or pending longer than stuck_after_seconds)
 -- to:   nothing (read only)
 -- returns: at most limit runs, each with its attempt count and its last attempt's owner token
--- notes: two halves with the same filters, merged: settled runs (pending or finished) through
---        the listing indexes, which leave live runs out, and live runs (few, one per lease)
---        through ix_agent_runs_live (NOT MATERIALIZED: each half reads its own index, in order)
-WITH matching AS NOT MATERIALIZED (
+-- notes: sql/README.md (clock); two halves with the same filters, merged: settled runs (pending
+--        or finished) through the listing indexes, which leave live runs out, and live runs
+--        (few, one per lease) through ix_agent_runs_live (NOT MATERIALIZED: each half reads its
+--        own index, in order)
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+matching AS NOT MATERIALIZED (
     SELECT r.*
     FROM agent_runs r
     WHERE (r.created_at, r.id) < (coalesce(%(before_created_at)s::timestamptz, 'infinity'),
@@ -18,8 +22,7 @@ WITH matching AS NOT MATERIALIZED (
       AND (%(uid)s::text IS NULL OR r.uid = %(uid)s::text)
       AND r.created_at >= coalesce(
               %(since_at)s::timestamptz,
-              coalesce(%(now)s::timestamptz, now())
-                  - make_interval(secs => %(since_seconds)s::float8),
+              (SELECT now FROM clock) - make_interval(secs => %(since_seconds)s::float8),
               '-infinity')
       -- Probed per run while walking runs newest first (OFFSET 0 keeps it a per-row probe of
       -- the run's few attempts by run_id instead of a join that reads every attempt).
@@ -30,11 +33,11 @@ WITH matching AS NOT MATERIALIZED (
               OFFSET 0))
       AND (NOT %(stuck)s::boolean
            OR (r.status IN ('running', 'cancel_requested') AND r.worker_id IS NOT NULL
-               AND r.lease_expires_at <= coalesce(%(now)s::timestamptz, now()))
+               AND r.lease_expires_at <= (SELECT now FROM clock))
            OR (r.status = 'cancel_requested' AND r.worker_id IS NULL
                AND r.started_at IS NOT NULL)
            OR (r.status = 'pending'
-               AND r.created_at <= coalesce(%(now)s::timestamptz, now())
+               AND r.created_at <= (SELECT now FROM clock)
                    - make_interval(secs => %(stuck_after_seconds)s::float8)))
 ),
 page AS (

@@ -6,15 +6,18 @@
 -- returns: one row: cutoff (now - older_than_seconds, or the given one), roots examined, the
 --          next keyset, and the trees' runs with their roots (two parallel arrays)
 WITH RECURSIVE clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+horizon AS (
     SELECT coalesce(%(cutoff)s::timestamptz,
-                    coalesce(%(now)s::timestamptz, now())
-                        - make_interval(secs => %(older_than_seconds)s::float8)) AS cutoff
+                    clock.now - make_interval(secs => %(older_than_seconds)s::float8)) AS cutoff
+    FROM clock
 ),
 roots AS (
     SELECT r.id, r.finished_at
     FROM agent_runs r
     WHERE r.finished_at IS NOT NULL
-      AND r.finished_at < (SELECT cutoff FROM clock)
+      AND r.finished_at < (SELECT cutoff FROM horizon)
       AND (r.finished_at, r.id) > (coalesce(%(after_finished_at)s::timestamptz, '-infinity'),
                                    coalesce(%(after_id)s::text, ''))
       AND r.created_by_run_id IS NULL
@@ -34,7 +37,7 @@ members AS (
     FROM agent_runs r
     WHERE r.id IN (SELECT t.id FROM tree t WHERE t.id <> t.root)
       AND r.finished_at IS NOT NULL
-      AND r.finished_at < (SELECT cutoff FROM clock)
+      AND r.finished_at < (SELECT cutoff FROM horizon)
       AND r.status IN ('completed', 'failed', 'cancelled', 'interrupted')
     FOR UPDATE SKIP LOCKED
 ),
@@ -51,7 +54,7 @@ last_root AS (
     SELECT roots.finished_at, roots.id FROM roots ORDER BY roots.finished_at DESC, roots.id DESC
     LIMIT 1
 )
-SELECT (SELECT cutoff FROM clock) AS cutoff,
+SELECT (SELECT cutoff FROM horizon) AS cutoff,
        (SELECT count(*) FROM roots) AS examined,
        (SELECT finished_at FROM last_root) AS last_finished_at,
        (SELECT id FROM last_root) AS last_id,

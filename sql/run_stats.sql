@@ -5,18 +5,20 @@
 -- returns: one row: window, duration percentiles and maximum, queue counts
 -- notes: sql/README.md (clock)
 WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now,
-           coalesce(%(since_at)s::timestamptz,
-                    coalesce(%(now)s::timestamptz, now())
-                        - make_interval(secs => %(since_seconds)s::float8),
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+period AS (
+    SELECT coalesce(%(since_at)s::timestamptz,
+                    clock.now - make_interval(secs => %(since_seconds)s::float8),
                     '-infinity') AS since
+    FROM clock
 ),
 durations AS (
     SELECT extract(epoch FROM a.finished_at - a.started_at)::float8 AS seconds
     FROM agent_run_attempts a
-    WHERE a.finished_at IS NOT NULL AND a.finished_at >= (SELECT since FROM clock)
+    WHERE a.finished_at IS NOT NULL AND a.finished_at >= (SELECT since FROM period)
 )
-SELECT (SELECT nullif(since, '-infinity') FROM clock) AS window_start,
+SELECT (SELECT nullif(since, '-infinity') FROM period) AS window_start,
        (SELECT now FROM clock) AS now,
        (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY seconds) FROM durations)
            AS duration_p50,

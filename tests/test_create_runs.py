@@ -160,6 +160,15 @@ def test_a_missing_parent_or_a_taken_run_id_is_refused_naming_the_item(
         ([item(input_payload=[1])], "items[0]: input_payload"),
         ([item(created_by_run_id="")], "items[0]: created_by_run_id"),
         ([item(run_id="same"), item(run_id="same")], "items[1]: run_id 'same'"),
+        ([item(run_id="me", created_by_run_id="me")], "items[0]: created_by_run_id 'me'"),
+        (
+            [
+                item(run_id="x", created_by_run_id="z"),
+                item(run_id="y", created_by_run_id="x"),
+                item(run_id="z", created_by_run_id="y"),
+            ],
+            "closes a loop",
+        ),
     ],
 )
 def test_bad_items_are_refused_before_any_sql_naming_item_and_argument(

@@ -11,13 +11,10 @@ import pytest
 
 from agent_runs.explain import LEGACY, explain_run
 from agent_runs.models import AgentRun, AttemptOutcome, RunAttempt, RunStatus
+from tests.helpers import at
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 LEASE_ERROR = "worker_lease_expired"
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
 
 
 def make_run(status: RunStatus | str, **changes: Any) -> AgentRun:
@@ -41,13 +38,13 @@ def make_run(status: RunStatus | str, **changes: Any) -> AgentRun:
         "manifest": None,
         "manifest_fingerprint": None,
         "manifest_recorded_at": None,
-        "started_at": at(1),
-        "finished_at": at(100) if status.is_terminal else None,
+        "started_at": at(T0, 1),
+        "finished_at": at(T0, 100) if status.is_terminal else None,
         "created_at": T0,
-        "updated_at": at(100),
+        "updated_at": at(T0, 100),
     }
     if status in (RunStatus.RUNNING, RunStatus.CANCEL_REQUESTED):
-        values.update(worker_id="w:live", heartbeat_at=at(50), lease_expires_at=at(110))
+        values.update(worker_id="w:live", heartbeat_at=at(T0, 50), lease_expires_at=at(T0, 110))
     values.update(changes)
     return AgentRun(**values)
 
@@ -63,8 +60,8 @@ def attempt(
     run_id: str = "run-1",
 ) -> RunAttempt:
     """Attempt `no`, started at 10*no s; finished 5 s later unless open (outcome None)."""
-    start = at(started if started is not None else 10 * no)
-    end = None if outcome is None else at(finished if finished is not None else 10 * no + 5)
+    start = at(T0, started if started is not None else 10 * no)
+    end = None if outcome is None else at(T0, finished if finished is not None else 10 * no + 5)
     return RunAttempt(
         id=no,
         run_id=run_id,
@@ -252,7 +249,7 @@ def test_pending_run_with_an_open_attempt_is_unexplained() -> None:
 
 
 def test_pending_run_with_an_owner_is_unexplained() -> None:
-    run = make_run("pending", worker_id="w:1", heartbeat_at=at(1), lease_expires_at=at(9))
+    run = make_run("pending", worker_id="w:1", heartbeat_at=at(T0, 1), lease_expires_at=at(T0, 9))
     assert_unexplained(run, [], "has an owner")
 
 
@@ -325,7 +322,7 @@ def test_a_started_run_without_attempts_is_legacy(status: RunStatus) -> None:
 
 def test_a_legacy_run_claimed_again_is_explained_by_its_new_attempts() -> None:
     """started_at predates attempt 1: the run began before attempts were recorded."""
-    run = make_run("completed", started_at=at(-1000))
+    run = make_run("completed", started_at=at(T0, -1000))
     assert_explained(run, [attempt(1, "completed")], "attempt 1")
 
 
@@ -380,7 +377,7 @@ def test_attempts_without_run_started_at_are_unexplained() -> None:
 
 
 def test_run_started_after_its_first_attempt_is_unexplained() -> None:
-    run = make_run("completed", started_at=at(11))
+    run = make_run("completed", started_at=at(T0, 11))
     assert_unexplained(run, [attempt(1, "completed")], "later than its first attempt")
 
 
@@ -394,12 +391,12 @@ def test_a_terminal_run_without_finished_at_is_unexplained() -> None:
 
 
 def test_a_terminal_run_with_an_owner_is_unexplained() -> None:
-    run = make_run("completed", worker_id="w:1", heartbeat_at=at(1), lease_expires_at=at(2))
+    run = make_run("completed", worker_id="w:1", heartbeat_at=at(T0, 1), lease_expires_at=at(T0, 2))
     assert_unexplained(run, [attempt(1, "completed")], "still has an owner")
 
 
 def test_a_live_run_with_finished_at_is_unexplained() -> None:
-    run = make_run("running", worker_id="w:1", finished_at=at(3))
+    run = make_run("running", worker_id="w:1", finished_at=at(T0, 3))
     assert_unexplained(run, [attempt(1, None)], "finished_at")
 
 
@@ -409,7 +406,7 @@ def test_a_half_set_lease_is_unexplained() -> None:
 
 
 def test_an_attempt_finished_after_its_run_is_unexplained() -> None:
-    run = make_run("completed", finished_at=at(12))
+    run = make_run("completed", finished_at=at(T0, 12))
     assert_unexplained(run, [attempt(1, "completed")], "finished after the run")
 
 

@@ -26,6 +26,7 @@ ALL = [
     "0006_json_guard_after_update",
     "0007_drop_attempt_identity_index",
     "0008_operator_indexes_skip_live",
+    "0009_lineage_is_a_tree",
     "0011_run_waiters",
     "0012_compact_time_checks",
 ]

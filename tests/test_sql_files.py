@@ -145,3 +145,16 @@ def test_sql_files_are_read_once_and_cached(monkeypatch: pytest.MonkeyPatch) -> 
     for _ in range(5):
         assert query("mark_running") is first
     assert len([p for p in reads if p.name == "mark_running.sql"]) <= 1
+
+
+_CLOCK = "clock AS (\n    SELECT coalesce(%(now)s::timestamptz, now()) AS now\n)"
+
+
+@pytest.mark.parametrize("name", query_names())
+def test_a_statement_that_takes_now_reads_it_once_in_its_clock(name: str) -> None:
+    """One clock idiom (sql/README.md, Clock): `%(now)s` only in the `clock` CTE, once."""
+    text = query(name)
+    if "%(now)s" not in text:
+        return
+    assert text.count("%(now)s") == 1, f"{name}.sql names %(now)s outside its clock CTE"
+    assert _CLOCK in text, f"{name}.sql takes %(now)s but not as `WITH clock AS (...)`"

@@ -3,7 +3,8 @@
 Exit codes: 0 success; 2 bad usage or input (one line on stderr, no traceback: unknown options,
 a missing DSN, bad JSON, an argument the repository refuses, an unknown run id); 1 failure
 (database unreachable or erroring, a busy thread on `enqueue`, a demo that did not converge).
-Commands may return other codes of their own (`wait`: 124 on timeout).
+Commands may return other codes of their own (`wait`: 124 on timeout, 69 when the database
+could not be reached and the run's end is unknown; `worker`: 1 when a thread could not start).
 """
 
 from __future__ import annotations

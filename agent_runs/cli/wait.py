@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
+import time
 from typing import Any, Final
 
-from agent_runs.cli.common import PROG, open_connection
+import psycopg
+
+from agent_runs import validation as check
+from agent_runs.backoff import Backoff
+from agent_runs.cli.common import PROG, one_line, open_connection
 from agent_runs.display import escape
+from agent_runs.errors import DB_ERRORS, InvalidArgument
 from agent_runs.explain import explain_run
-from agent_runs.models import RunStatus
+from agent_runs.models import AgentRun, RunStatus
 from agent_runs.notify import wait_for_run
 from agent_runs.report import history_json
 from agent_runs.repository import AgentRunRepository
@@ -19,8 +24,12 @@ from agent_runs.repository import AgentRunRepository
 EXIT_COMPLETED: Final = 0
 EXIT_OTHER_FINAL_STATUS: Final = 1
 EXIT_TIMEOUT: Final = 124  # as timeout(1)
+# The database could not be reached (sysexits' EX_UNAVAILABLE): the run's end is unknown.
+EXIT_UNREACHABLE: Final = 69
 # Without --timeout, wait in slices of this long until the run ends.
 _SLICE_SECONDS: Final = 3600.0
+# Without --timeout, a lost connection is retried for this long before giving up (exit 69).
+RECONNECT_SECONDS: Final = 60.0
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -29,7 +38,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="wait until a run is finished; print its final status and why",
         epilog="exit codes: 0 completed, 1 any other final status, 124 timeout, "
-        "2 bad input or unknown run",
+        "2 bad input or unknown run, 69 database unreachable (the run's end is unknown)",
     )
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument(
@@ -44,21 +53,41 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    with open_connection(args) as conn:
+    """Wait on one connection; a lost one is replaced (the run's end is in the database) until
+    --timeout, or for RECONNECT_SECONDS without it. A first connection that fails is not
+    retried: the DSN or the server is wrong, and waiting would hide it."""
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    backoff = Backoff(initial=0.1, cap=2.0)
+    connected_once = False
+    lost_since: float | None = None
+    while True:
         try:
-            if args.timeout is not None:
-                run = wait_for_run(conn, args.run_id, timeout_seconds=args.timeout)
-            else:
-                while True:
-                    try:
-                        run = wait_for_run(conn, args.run_id, timeout_seconds=_SLICE_SECONDS)
-                        break
-                    except TimeoutError:
-                        continue
+            with open_connection(args) as conn:
+                connected_once, lost_since = True, None
+                backoff.reset()
+                run = _wait(conn, args.run_id, deadline)
+                attempts = AgentRunRepository(conn).list_run_attempts(run.id)
+            break
         except TimeoutError as exc:
             print(f"{PROG}: {escape(str(exc))}", file=sys.stderr)
             return EXIT_TIMEOUT
-        attempts = AgentRunRepository(conn).list_run_attempts(run.id)
+        except DB_ERRORS as exc:
+            now = time.monotonic()
+            lost_since = now if lost_since is None else lost_since
+            give_up_at = lost_since + RECONNECT_SECONDS if deadline is None else deadline
+            delay = backoff.next_delay()
+            if not connected_once or now + delay >= give_up_at:
+                why = "lost" if connected_once else "not reachable"
+                print(
+                    f"{PROG}: database {why}, the run's end is unknown: {escape(one_line(exc))}",
+                    file=sys.stderr,
+                )
+                return EXIT_UNREACHABLE
+            print(
+                f"{PROG}: connection lost ({escape(one_line(exc))}); reconnecting",
+                file=sys.stderr,
+            )
+            time.sleep(delay)
     explanation = explain_run(run, attempts)
     if args.json:
         print(json.dumps(history_json(run, attempts, explanation), indent=2, ensure_ascii=False))
@@ -68,11 +97,23 @@ def cmd_wait(args: argparse.Namespace) -> int:
     return EXIT_COMPLETED if run.status == RunStatus.COMPLETED else EXIT_OTHER_FINAL_STATUS
 
 
+def _wait(conn: psycopg.Connection[Any], run_id: str, deadline: float | None) -> AgentRun:
+    """wait_for_run until the monotonic `deadline` (None: until the run ends)."""
+    while True:
+        left = _SLICE_SECONDS if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return wait_for_run(conn, run_id, timeout_seconds=left)
+        except TimeoutError:
+            if deadline is not None:
+                raise
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
-    return value
+    try:
+        return check.timeout_seconds(value, "--timeout")
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

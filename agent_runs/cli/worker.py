@@ -15,9 +15,11 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
+from agent_runs import validation as check
 from agent_runs.cli.common import (
     CONNECT_TIMEOUT_SECONDS,
     LOG_LEVELS,
+    PROG,
     UsageError,
     check_dsn,
     connect_options,
@@ -30,18 +32,24 @@ from agent_runs.cli.common import (
     setup_logging,
 )
 from agent_runs.db import create_pool
-from agent_runs.errors import DB_ERRORS
+from agent_runs.display import escape
+from agent_runs.errors import DB_ERRORS, InvalidArgument
+from agent_runs.logs import logger
 from agent_runs.repository import AgentRunRepository
 from agent_runs.validation import COMPLETIONS
 from agent_runs.worker import Agent, Backoff, Worker
 
-log = logging.getLogger("agent_runs.cli")
+log = logger("agent_runs.cli")
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("worker", parents=[common], help="claim and execute runs until SIGTERM")
     p.add_argument(
-        "--concurrency", type=positive_int, default=1, metavar="N", help="threads (default 1)"
+        "--concurrency",
+        type=_concurrency,
+        default=1,
+        metavar="N",
+        help=f"threads, 1-{check.MAX_CONCURRENCY} (default 1)",
     )
     p.add_argument(
         "--agent", default="scripted", help="`scripted` (default) or an import path module:callable"
@@ -93,9 +101,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("reconcile", parents=[common], help="fail runs whose lease expired")
     p.add_argument(
         "--every",
-        type=positive_float,
+        type=_every,
         metavar="SECONDS",
-        help="repeat every SECONDS until SIGTERM (default: once)",
+        help="repeat every SECONDS (at most 86400) until SIGTERM (default: once)",
     )
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
     p.set_defaults(func=cmd_reconcile)
@@ -153,8 +161,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         else f"poll every {worker.poll_seconds:g}s",
         worker.completion,
     )
-    for thread in threads:
-        thread.start()
+    threads, not_started = _start(threads)
+    if not_started is not None:  # stop the threads that did start, as SIGTERM would
+        worker.request_stop()
+        stop.set()
     while not stop.is_set() and any(t.is_alive() for t in threads):
         stop.wait(0.5)
     # Agents that honour should_stop() are done quickly; one that ignores it gets one lease.
@@ -171,7 +181,48 @@ def cmd_worker(args: argparse.Namespace) -> int:
     worker.close()
     pool.close(timeout=2.0)
     log.info("worker %s stopped", worker.name)
+    if not_started is not None:
+        print(
+            f"{PROG}: worker: could not start thread {len(threads) + 1} of {args.concurrency} "
+            f"({escape(one_line(not_started))}); the {len(threads)} started stopped cleanly",
+            file=sys.stderr,
+        )
+        return 1
     return worker.exit_code
+
+
+def _start(threads: list[threading.Thread]) -> tuple[list[threading.Thread], Exception | None]:
+    """Start `threads` in order; stops at the first that cannot start (the system's thread or
+    memory limit) and returns the started ones and that error."""
+    started: list[threading.Thread] = []
+    for thread in threads:
+        try:
+            thread.start()
+        except RuntimeError as exc:  # "can't start new thread"
+            log.error("could not start thread %s (%s); stopping", thread.name, one_line(exc))
+            return started, exc
+        started.append(thread)
+    return started, None
+
+
+def _every(text: str) -> float:
+    try:
+        return check.every_seconds(positive_float(text))
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _concurrency(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 1 <= value <= check.MAX_CONCURRENCY:
+        raise argparse.ArgumentTypeError(
+            f"must be from 1 to {check.MAX_CONCURRENCY} (threads of one process; run more "
+            f"worker processes for more): {text!r}"
+        )
+    return value
 
 
 def _listen_options(args: argparse.Namespace, dsn: str) -> dict[str, Any]:

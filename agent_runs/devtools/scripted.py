@@ -10,10 +10,11 @@ import time
 from collections.abc import Sequence
 from typing import Final
 
+from agent_runs.logs import logger
 from agent_runs.models import AgentRun
 from agent_runs.worker import AgentResult, RetryableError, RunContext
 
-log = logging.getLogger("agent_runs.agents")
+log = logger("agent_runs.agents")
 
 CRASH_EXIT_CODE: Final = 137
 

@@ -19,27 +19,27 @@ or the worker stops) is released for retry at once.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from psycopg_pool import PoolClosed
 
 from agent_runs import validation as check
 from agent_runs.backoff import Backoff
 from agent_runs.errors import DB_ERRORS
+from agent_runs.logs import logger
 from agent_runs.models import AgentRun
 from agent_runs.worker.heartbeat import Lease
 from agent_runs.worker.text import one_line
 
 if TYPE_CHECKING:
     from agent_runs.notify import Wakeups
-    from agent_runs.worker.runtime import Worker
 
-log = logging.getLogger("agent_runs.worker")
+log = logger("agent_runs.worker")
 
 # Longest single wait of the claimer or of a thread waiting for a run, so that a stop event set
 # by the caller (without request_stop) is seen promptly.
@@ -69,10 +69,34 @@ class Claimed:
     attempt_no: int | None  # None: found after a lost reply, the thread reads its attempt
 
 
+class ClaimingWorker(Protocol):
+    """What the claimer needs of the worker it claims for (agent_runs.worker.Worker)."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def lease_seconds(self) -> float: ...
+
+    @property
+    def connection_timeout(self) -> float: ...
+
+    @property
+    def poll_seconds(self) -> float: ...
+
+    def listener(self) -> Wakeups | None: ...
+
+    def maybe_reconcile(self) -> list[AgentRun]: ...
+
+    def claim_for_slots(self, count: int) -> list[Claimed]: ...
+
+    def release_unstarted(self, claimed: Sequence[Claimed]) -> None: ...
+
+
 class Claimer:
     """Claims for the free slots of the process's `run_forever` threads (module docstring)."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: ClaimingWorker) -> None:
         self._worker = worker
         self._changed = threading.Condition()
         self._slots: list[Slot] = []  # one per run_forever thread

@@ -10,7 +10,6 @@ a cancel request arrived after the last heartbeat: then the run is finished `can
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -22,6 +21,7 @@ from psycopg_pool import PoolClosed
 from agent_runs import validation as check
 from agent_runs.backoff import Backoff
 from agent_runs.errors import DB_ERRORS
+from agent_runs.logs import logger
 from agent_runs.models import AgentRun, AttemptOutcome, Finish, RunStatus
 from agent_runs.repository import AgentRunRepository
 from agent_runs.worker.batching import GroupCommit
@@ -29,7 +29,7 @@ from agent_runs.worker.heartbeat import Lease
 from agent_runs.worker.outcome import CANCELLED, Decision
 from agent_runs.worker.text import one_line
 
-log = logging.getLogger("agent_runs.worker")
+log = logger("agent_runs.worker")
 
 Repositories = Callable[[], AbstractContextManager[AgentRunRepository]]
 

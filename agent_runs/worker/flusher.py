@@ -21,7 +21,6 @@ everything first.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -30,13 +29,14 @@ from dataclasses import dataclass
 import psycopg
 
 from agent_runs.errors import DB_ERRORS
+from agent_runs.logs import logger
 from agent_runs.models import AgentRun, Finish
 from agent_runs.worker.completer import Completer, finish_of
 from agent_runs.worker.heartbeat import HeartbeatService, Lease
 from agent_runs.worker.outcome import Decision
 from agent_runs.worker.text import one_line
 
-log = logging.getLogger("agent_runs.worker")
+log = logger("agent_runs.worker")
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,6 @@ means the lease is lost; a cancel request shows up as the run's status in the re
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 
@@ -15,12 +14,13 @@ from psycopg_pool import ConnectionPool, PoolClosed
 
 from agent_runs.backoff import Backoff
 from agent_runs.errors import DB_ERRORS
+from agent_runs.logs import logger
 from agent_runs.models import RunStatus
 from agent_runs.repository import AgentRunRepository
 from agent_runs.worker.connection import connection
 from agent_runs.worker.text import one_line
 
-log = logging.getLogger("agent_runs.worker")
+log = logger("agent_runs.worker")
 
 
 class Lease:

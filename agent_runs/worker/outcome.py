@@ -21,6 +21,8 @@ from agent_runs.models import RunStatus
 from agent_runs.worker.protocol import AgentResult
 from agent_runs.worker.text import exception_text
 
+# An object the agent returned instead of a result is described in at most this many characters.
+_MAX_DESCRIBED: Final = 500
 # What an agent may end a run with by returning it. `cancelled` needs a cancel request first.
 _RESULT_STATUSES: Final = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.INTERRUPTED})
 
@@ -148,4 +150,8 @@ def _describe(value: object) -> str:
         text = repr(value)
     except BaseException:  # an agent's object may fail to print itself
         text = f"<{type(value).__name__} that cannot be printed>"
-    return f"{type(value).__name__} {text}"[:500]
+    described = f"{type(value).__name__} {text}"
+    if len(described) <= _MAX_DESCRIBED:
+        return described
+    cut = len(described) - _MAX_DESCRIBED
+    return f"{described[:_MAX_DESCRIBED]} … [truncated {cut} characters]"

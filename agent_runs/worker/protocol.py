@@ -6,14 +6,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
-from agent_runs.models import AgentRun, RunStatus, manifest_fingerprint
+from agent_runs.fingerprint import manifest_fingerprint
+from agent_runs.models import AgentRun, RunStatus
 from agent_runs.repository import AgentRunRepository
-from agent_runs.worker.heartbeat import Lease
+from agent_runs.worker.heartbeat import HeartbeatService, Lease
 
-if TYPE_CHECKING:
-    from agent_runs.worker.runtime import Worker
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +37,26 @@ class AgentResult:
         return cls(RunStatus.INTERRUPTED, error_type, message)
 
 
+class Executor(Protocol):
+    """What a RunContext needs of the worker executing its run (agent_runs.worker.Worker)."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def heartbeat(self) -> HeartbeatService: ...
+
+    def with_lease_retry(
+        self, lease: Lease, call: Callable[[AgentRunRepository], T], what: str
+    ) -> T: ...
+
+
 class RunContext:
     """What an executing agent sees of its run: identity, stop requests, manifest recording."""
 
     def __init__(
         self,
-        worker: Worker,
+        worker: Executor,
         run: AgentRun,
         lease: Lease,
         attempt_no: int,

@@ -16,7 +16,6 @@ and the writing live in outcome.py and completer.py.
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
@@ -32,6 +31,7 @@ from psycopg_pool import ConnectionPool, PoolClosed
 from agent_runs import validation as check
 from agent_runs.backoff import Backoff
 from agent_runs.errors import DB_ERRORS, LeaseLost
+from agent_runs.logs import logger
 from agent_runs.models import AgentRun, ClaimedRun, RunStatus
 from agent_runs.notify import Wakeups
 from agent_runs.repository import AgentRunRepository
@@ -45,7 +45,7 @@ from agent_runs.worker.outcome import CANCELLED, RELEASE, Decision, Ending, deci
 from agent_runs.worker.protocol import Agent, RunContext
 from agent_runs.worker.text import one_line
 
-log = logging.getLogger("agent_runs.worker")
+log = logger("agent_runs.worker")
 
 T = TypeVar("T")
 
