@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install migrate test demo bench chaos lint clean
+.PHONY: help install migrate test demo dashboard screenshots bench chaos lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -27,6 +27,12 @@ test: $(STAMP) ## run the test suite against a throwaway PostgreSQL
 
 demo: $(STAMP) ## run workers on a scripted mix of runs (embedded PostgreSQL) and show the history
 	$(BIN)/agent-runs demo
+
+dashboard: $(STAMP) ## serve the web dashboard on an embedded PostgreSQL running the demo's workload
+	$(BIN)/python -m agent_runs.dashboard.demo $(DASHBOARD_ARGS)
+
+screenshots: $(STAMP) ## regenerate docs/screenshots/*.png (the dashboard in Debian's chromium)
+	$(BIN)/python -m agent_runs.dashboard.screenshots
 
 bench: $(STAMP) ## measure the hot path against hand-written SQL and other queues (embedded PostgreSQL)
 	$(BIN)/python -c 'import pgqueuer, procrastinate' 2>/dev/null \

@@ -6,6 +6,7 @@ import math
 from typing import Any, Final
 
 from bench import (
+    dashboard_phase,
     drain_phase,
     fanout_phase,
     heartbeat_scale_phase,
@@ -22,6 +23,7 @@ from bench.server import BenchServer
 DEPLOYMENT_PHASES: Final = (
     ("pickup", pickup_phase),
     ("operator", operator_phase),
+    ("dashboard", dashboard_phase),
     ("pooler", pooler_phase),
     ("heartbeat_scale", heartbeat_scale_phase),
     ("drain", drain_phase),

@@ -43,11 +43,17 @@ matching AS NOT MATERIALIZED (
 page AS (
     (SELECT * FROM matching m
      WHERE m.status NOT IN ('running', 'cancel_requested')
+       -- Each half is skipped whole (a one-time filter) when no status asked for can be in it:
+       -- else its index walk, filtered by a status it never holds, reads every row.
+       AND CASE WHEN %(statuses)s::text[] IS NULL THEN true
+                ELSE NOT %(statuses)s::text[] <@ ARRAY['running', 'cancel_requested'] END
      ORDER BY m.created_at DESC, m.id DESC
      LIMIT %(limit)s)
     UNION ALL
     (SELECT * FROM matching m
      WHERE m.status IN ('running', 'cancel_requested')
+       AND CASE WHEN %(statuses)s::text[] IS NULL THEN true
+                ELSE %(statuses)s::text[] && ARRAY['running', 'cancel_requested'] END
      ORDER BY m.created_at DESC, m.id DESC
      LIMIT %(limit)s)
     ORDER BY created_at DESC, id DESC

@@ -10,4 +10,5 @@ pytest_plugins = [
     "tests.fix_server",  # which PostgreSQL server: pg_server
     "tests.fix_databases",  # a database per test: dsn, blank_dsn, conn, observer, repo
     "tests.fix_factories",  # rows forged in any state: make_run, make_attempt, t0
+    "tests.fix_dashboard",  # the web dashboard: dashboard_pool, client
 ]

@@ -1,0 +1,112 @@
+"""create_app: the dashboard as an ASGI app, to serve alone or mount under any prefix."""
+
+from __future__ import annotations
+
+import math
+import secrets
+from pathlib import Path
+from typing import Final
+
+from psycopg_pool import ConnectionPool
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Scope
+
+from agent_runs.dashboard import actions, pages, run_page
+from agent_runs.dashboard.common import Settings
+from agent_runs.dashboard.data import Cached
+from agent_runs.dashboard.guard import Guard
+from agent_runs.dashboard.render import error_page, make_environment
+from agent_runs.errors import InvalidArgument
+
+STATIC_DIR: Final = Path(__file__).resolve().parent / "static"
+_TITLES: Final = {
+    400: "Bad request",
+    401: "Log in",
+    403: "Forbidden",
+    404: "Not found",
+    405: "Method not allowed",
+    500: "Internal error",
+}
+
+
+def create_app(
+    pool: ConnectionPool,
+    *,
+    allow_cancel: bool = False,
+    token: str | None = None,
+    statement_timeout_seconds: float = 5.0,
+) -> ASGIApp:
+    """The dashboard over `pool` (a psycopg_pool.ConnectionPool, e.g. agent_runs.create_pool).
+
+    allow_cancel: offer cancel and cancel-tree on the run page (never on a hot standby).
+    token: every request then needs `Authorization: Bearer <token>` or the cookie that /login
+    sets. statement_timeout_seconds: each request's queries are cancelled after this long (503).
+    """
+    if not isinstance(allow_cancel, bool):
+        raise InvalidArgument("allow_cancel must be True or False")
+    if token is not None and (
+        not isinstance(token, str) or len(token) < 8 or not token.isprintable()
+    ):
+        raise InvalidArgument("token must be a printable string of at least 8 characters")
+    if (
+        isinstance(statement_timeout_seconds, bool)
+        or not isinstance(statement_timeout_seconds, int | float)
+        or not math.isfinite(statement_timeout_seconds)
+        or not 0.001 <= statement_timeout_seconds <= 3600
+    ):
+        raise InvalidArgument("statement_timeout_seconds must be a number from 0.001 to 3600")
+    env = make_environment()
+    routes: list[BaseRoute] = [
+        Route("/", pages.overview, name="overview"),
+        Route("/runs", pages.runs, name="runs"),
+        Route("/runs/{run_id:path}", run_page.run_page, name="run"),
+        Route("/tree/{run_id:path}", run_page.tree_page, name="tree"),
+        Route("/json/{kind}/{run_id:path}", run_page.document, name="document"),
+        Route("/workers", pages.workers, name="workers"),
+        Route("/healthz", pages.healthz, name="healthz"),
+        Route("/login", actions.login_form, methods=["GET"]),
+        Route("/login", actions.login, methods=["POST"]),
+        Route("/logout", actions.logout, methods=["POST"]),
+        Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
+    ]
+    for action in actions.ACTIONS:
+        path = f"/{action}/{{run_id:path}}"
+        routes.append(Route(path, actions.confirmer(action), methods=["GET"]))
+        routes.append(Route(path, actions.performer(action), methods=["POST"]))
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = int(getattr(exc, "status_code", 500))
+        detail = str(getattr(exc, "detail", "") or _TITLES.get(status, "Error"))
+        headers = getattr(exc, "headers", None) or {}
+        response = error_page(env, request, status, _TITLES.get(status, "Error"), detail)
+        response.headers.update(headers)
+        return response
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        message = "The dashboard failed on this request; the details are in its log."
+        return error_page(env, request, 500, "Internal error", message)
+
+    app = Starlette(
+        routes=routes,
+        exception_handlers={404: http_error, 405: http_error, 400: http_error, 500: server_error},
+    )
+    app.state.dashboard = Settings(
+        pool=pool,
+        allow_cancel=allow_cancel,
+        token=token,
+        statement_timeout_seconds=float(statement_timeout_seconds),
+        secret=secrets.token_bytes(32),
+        env=env,
+        cache=Cached(),
+    )
+
+    async def refuse(scope: Scope, status: int, message: str) -> tuple[bytes, str]:
+        title = _TITLES.get(status, "Refused")
+        response = error_page(env, {**scope, "app": app}, status, title, message)
+        return bytes(response.body), "text/html; charset=utf-8"
+
+    return Guard(app, token=token, refuse=refuse)

@@ -1,0 +1,200 @@
+"""The dashboard's reads: each request in one READ ONLY transaction with a statement timeout.
+
+Listings, statistics and explanations come from the repository (`list_run_summaries`,
+`run_stats`, `list_run_attempts`, `explain_run`); the few queries only the pages need
+(live counts, runs per minute, per agent, per worker identity, the sub-agent tree) are
+sql/dashboard.*.sql files run here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, LiteralString
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from agent_runs.repository import AgentRunRepository
+from agent_runs.sql import query
+
+# Rows shown per group on the overview and the workers page.
+TOP: Final = 20
+WORKERS_TOP: Final = 200
+# Runs of a tree shown on the run page, and on the tree page behind its link.
+TREE_ON_RUN_PAGE: Final = 50
+TREE_PAGE: Final = 1000
+CHILDREN: Final = 50
+DAY_TOTALS_SECONDS: Final = 30.0
+_NON_TERMINAL: Final = ("pending", "running", "cancel_requested")
+
+
+class Reader:
+    """The connection of one request, inside its read-only transaction."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.repo = AgentRunRepository(conn)
+
+    def rows(self, sql: LiteralString, params: dict[str, Any]) -> list[dict[str, Any]]:
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(sql, params, prepare=False)
+            return [{k: _utc(v) for k, v in row.items()} for row in cur.fetchall()]
+
+    def now(self) -> datetime:
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT now()", prepare=False)
+            row = cur.fetchone()
+        assert row is not None
+        value: datetime = row[0]
+        return value.astimezone(UTC)
+
+
+def _utc(value: Any) -> Any:
+    return value.astimezone(UTC) if isinstance(value, datetime) else value
+
+
+@contextmanager
+def reading(pool: ConnectionPool, timeout_seconds: float) -> Iterator[Reader]:
+    """A pooled connection in a READ ONLY transaction whose statements time out."""
+    with pool.connection() as conn, conn.transaction():
+        with conn.cursor() as cur:
+            cur.execute(_begin(timeout_seconds, read_only=True), prepare=False)
+        yield Reader(conn)
+
+
+@contextmanager
+def writing(pool: ConnectionPool, timeout_seconds: float) -> Iterator[Reader]:
+    """A pooled connection in a read-write transaction whose statements time out (cancel)."""
+    with pool.connection() as conn, conn.transaction():
+        with conn.cursor() as cur:
+            cur.execute(_begin(timeout_seconds, read_only=False), prepare=False)
+        yield Reader(conn)
+
+
+def _begin(timeout_seconds: float, *, read_only: bool) -> LiteralString:
+    # An integer of our own settings, never a request's value; SET takes no parameters.
+    milliseconds = max(1, round(timeout_seconds * 1000))
+    mode: LiteralString = "READ ONLY" if read_only else "READ WRITE"
+    digits = str(milliseconds)
+    assert digits.isdigit()
+    return f"SET TRANSACTION {mode}; SET LOCAL statement_timeout = {digits}"
+
+
+@dataclass(frozen=True, slots=True)
+class Live:
+    """Non-terminal runs now: count, expired leases and oldest creation per status."""
+
+    counts: dict[str, int]
+    expired: dict[str, int]
+    oldest: dict[str, datetime]
+    in_recovery: bool
+
+
+def live(reader: Reader) -> Live:
+    rows = reader.rows(query("dashboard.live"), {"now": None})
+    in_recovery = any(bool(r["in_recovery"]) for r in rows if r["key"] == "in_recovery")
+    runs = [r for r in rows if r["key"] in _NON_TERMINAL]
+    return Live(
+        counts={s: next((int(r["n"]) for r in runs if r["key"] == s), 0) for s in _NON_TERMINAL},
+        expired={r["key"]: int(r["expired"]) for r in runs},
+        oldest={r["key"]: r["oldest"] for r in runs},
+        in_recovery=in_recovery,
+    )
+
+
+def in_recovery(reader: Reader) -> bool:
+    """True on a hot standby (a replica in recovery): it can only be read."""
+    with reader.conn.cursor() as cur:
+        cur.execute("SELECT pg_is_in_recovery()", prepare=False)
+        row = cur.fetchone()
+    return bool(row and row[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Minute:
+    start: datetime
+    completed: int
+    other: int
+
+
+@dataclass(frozen=True, slots=True)
+class PerMinute:
+    """The last 60 minutes (the current one included): runs finished in each, and in all by
+    final status."""
+
+    minutes: list[Minute]
+    by_status: dict[str, int]
+
+
+def per_minute(reader: Reader, now: datetime) -> PerMinute:
+    rows = reader.rows(query("dashboard.per_minute"), {"now": now})
+    last = now.replace(second=0, microsecond=0)
+    minutes = [last - timedelta(minutes=59 - i) for i in range(60)]
+    completed = {m: 0 for m in minutes}
+    other = {m: 0 for m in minutes}
+    by_status: dict[str, int] = {}
+    for row in rows:
+        minute, status, n = row["minute"], str(row["status"]), int(row["n"])
+        if minute in completed:
+            (completed if status == "completed" else other)[minute] += n
+            by_status[status] = by_status.get(status, 0) + n
+    return PerMinute([Minute(m, completed[m], other[m]) for m in minutes], by_status)
+
+
+@dataclass(frozen=True, slots=True)
+class Agents:
+    """Runs finished in a window: by status in all, and per agent (the most failing first)."""
+
+    by_status: dict[str, int]
+    agents: list[dict[str, Any]]
+
+
+class Cached:
+    """The last day's totals, computed at most every DAY_TOTALS_SECONDS per app: they move
+    slowly, cost a pass over a day of finished runs, and every open overview asks for them on
+    each live refresh. Everything else on the pages is read fresh."""
+
+    def __init__(self, seconds: float = DAY_TOTALS_SECONDS) -> None:
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._value: tuple[float, datetime, Agents] | None = None
+
+    def day(self, reader: Reader, now: datetime) -> tuple[Agents, datetime]:
+        """The day's totals and the database time they were computed at."""
+        with self._lock:
+            value = self._value
+        if value is not None and time.monotonic() < value[0]:
+            return value[2], value[1]
+        fresh = agents(reader, now - timedelta(days=1))
+        with self._lock:
+            self._value = (time.monotonic() + self.seconds, now, fresh)
+        return fresh, now
+
+
+def agents(reader: Reader, window_start: datetime) -> Agents:
+    rows = reader.rows(query("dashboard.agents"), {"window_start": window_start, "top": TOP})
+    total = rows[0] if rows and rows[0]["agent"] is None else None
+    statuses = ("completed", "failed", "interrupted", "cancelled")
+    return Agents(
+        by_status={s: int(total[s]) for s in statuses if total and total[s]},
+        agents=[r for r in rows if r["agent"] is not None],
+    )
+
+
+def workers(reader: Reader, window_start: datetime, top: int = WORKERS_TOP) -> list[dict[str, Any]]:
+    params = {"window_start": window_start, "now": None, "top": top}
+    return reader.rows(query("dashboard.workers"), params)
+
+
+def tree(reader: Reader, run_id: str, limit: int) -> list[dict[str, Any]]:
+    return reader.rows(query("dashboard.tree"), {"run_id": run_id, "limit": limit})
+
+
+def children(reader: Reader, run_id: str) -> list[dict[str, Any]]:
+    return reader.rows(query("dashboard.children"), {"run_id": run_id, "limit": CHILDREN + 1})

@@ -1,0 +1,173 @@
+"""Query parameters of the pages, checked before any SQL: a bad one is a 400 naming it.
+
+The names are the CLI's (`agent-runs runs`): status (repeatable), agent_slug, thread, uid,
+worker, since, stuck, stuck_after, limit, before. An empty value means "not set" (an HTML form
+submits its empty fields).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
+from urllib.parse import urlencode
+
+from starlette.datastructures import QueryParams
+
+from agent_runs import validation as check
+from agent_runs.durations import parse_duration, parse_since
+from agent_runs.errors import InvalidArgument
+from agent_runs.models import RunStatus
+from agent_runs.operations import DEFAULT_STUCK_AFTER, MAX_LIST_LIMIT
+
+RUNS_PARAMS: Final = (
+    "status",
+    "agent_slug",
+    "thread",
+    "uid",
+    "worker",
+    "since",
+    "stuck",
+    "stuck_after",
+    "limit",
+    "before",
+)
+DEFAULT_LIMIT: Final = 50
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"", "0", "false", "no", "off"})
+_MAX_PARAM_CHARS: Final = 1024
+
+
+class BadParameter(Exception):
+    """A query parameter the page refuses: shown as a 400 page that names it."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+@dataclass(frozen=True, slots=True)
+class RunsQuery:
+    """The /runs filters, as given (for the form and links) and as list_runs takes them."""
+
+    statuses: tuple[str, ...] = ()
+    agent_slug: str = ""
+    thread: str = ""
+    uid: str = ""
+    worker: str = ""
+    since: str = ""
+    stuck: bool = False
+    stuck_after: str = ""
+    limit: int = DEFAULT_LIMIT
+    before: str = ""
+
+    def filters(self) -> dict[str, Any]:
+        """Keyword arguments of list_runs / list_run_summaries."""
+        since: datetime | timedelta | None = None
+        if self.since:
+            since = _checked("since", lambda: parse_since("since", self.since))
+        stuck_after = DEFAULT_STUCK_AFTER
+        if self.stuck_after:
+            stuck_after = _checked(
+                "stuck_after", lambda: parse_duration("stuck_after", self.stuck_after)
+            )
+        return {
+            "statuses": list(self.statuses) or None,
+            "agent_slug": self.agent_slug or None,
+            "thread_id": self.thread or None,
+            "uid": self.uid or None,
+            "worker": self.worker or None,
+            "since": since,
+            "stuck": self.stuck,
+            "stuck_after": stuck_after,
+            "limit": self.limit,
+            "before": self.before or None,
+        }
+
+    def link(self, **changes: Any) -> str:
+        """This view's query string with `changes` (None removes a parameter)."""
+        values: dict[str, Any] = {
+            "status": list(self.statuses),
+            "agent_slug": self.agent_slug,
+            "thread": self.thread,
+            "uid": self.uid,
+            "worker": self.worker,
+            "since": self.since,
+            "stuck": "1" if self.stuck else "",
+            "stuck_after": self.stuck_after,
+            "limit": "" if self.limit == DEFAULT_LIMIT else str(self.limit),
+            "before": self.before,
+        }
+        values.update({k: ("" if v is None else v) for k, v in changes.items()})
+        pairs: list[tuple[str, str]] = []
+        for name, value in values.items():
+            for item in value if isinstance(value, list) else [value]:
+                if item != "":
+                    pairs.append((name, str(item)))
+        return urlencode(pairs)
+
+
+def _checked(name: str, parse: Any) -> Any:
+    try:
+        return parse()
+    except InvalidArgument as exc:
+        raise BadParameter(name, str(exc)) from None
+
+
+def only(params: QueryParams, allowed: Iterable[str]) -> None:
+    """Refuse any parameter the page does not know (a typo would silently show everything)."""
+    known = set(allowed)
+    for name in params:
+        if name not in known:
+            raise BadParameter(name, f"unknown query parameter {name!r}")
+        for value in params.getlist(name):
+            if len(value) > _MAX_PARAM_CHARS:
+                raise BadParameter(name, f"{name} must be at most {_MAX_PARAM_CHARS} characters")
+
+
+def single(params: QueryParams, name: str) -> str:
+    values = params.getlist(name)
+    if len(values) > 1:
+        raise BadParameter(name, f"{name} must be given at most once")
+    return values[0].strip() if values else ""
+
+
+def runs_query(params: QueryParams) -> RunsQuery:
+    only(params, RUNS_PARAMS)
+    statuses: list[str] = []
+    for value in params.getlist("status"):
+        if not value:
+            continue
+        try:
+            statuses.append(RunStatus(value).value)
+        except ValueError:
+            choices = ", ".join(s.value for s in RunStatus)
+            raise BadParameter("status", f"status must be one of {choices}") from None
+    texts = {name: single(params, name) for name in ("agent_slug", "thread", "uid", "worker")}
+    for name, value in texts.items():
+        if value:
+            if name == "worker":
+                _checked(name, lambda n=name, v=value: check.worker_id(v, n))
+            else:
+                _checked(name, lambda n=name, v=value: check.identifier(n, v))
+    stuck_text = single(params, "stuck").lower()
+    if stuck_text not in _TRUE | _FALSE:
+        raise BadParameter("stuck", "stuck must be 1 or 0 (on or off)")
+    limit_text = single(params, "limit")
+    limit = DEFAULT_LIMIT
+    if limit_text:
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_LIST_LIMIT:
+            raise BadParameter("limit", f"limit must be an integer from 1 to {MAX_LIST_LIMIT}")
+        limit = int(limit_text)
+    query = RunsQuery(
+        statuses=tuple(dict.fromkeys(statuses)),
+        stuck=stuck_text in _TRUE,
+        limit=limit,
+        since=single(params, "since"),
+        stuck_after=single(params, "stuck_after"),
+        before=single(params, "before"),
+        **texts,
+    )
+    query.filters()  # since and stuck_after parse here, before any SQL
+    return query

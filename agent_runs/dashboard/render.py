@@ -1,0 +1,105 @@
+"""Templates: one Jinja2 Environment with autoescaping on for every template, whatever its file
+name (Starlette's Jinja2Templates escapes only .html), and the responses built from them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import quote
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Scope
+
+from agent_runs.dashboard import text
+from agent_runs.dashboard.guard import route_path
+from agent_runs.models import AttemptOutcome, RunStatus
+
+TEMPLATES_DIR: Final = Path(__file__).resolve().parent / "templates"
+HTML: Final = "text/html; charset=utf-8"
+# Seconds between the live script's refreshes (the page says so in a data attribute).
+REFRESH_SECONDS: Final = 5
+
+
+def segment(value: object) -> str:
+    """A value as one URL path segment or query value of our own links (percent-encoded)."""
+    return quote(str(value), safe="")
+
+
+_KNOWN_STATES: Final = frozenset(
+    [s.value for s in RunStatus] + [o.value for o in AttemptOutcome] + ["open"]
+)
+
+
+def state_class(value: object) -> str:
+    """The CSS class of a status or outcome: from a closed set, never the value itself."""
+    return f"s-{value}" if str(value) in _KNOWN_STATES else "s-unknown"
+
+
+def make_environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(TEMPLATES_DIR),
+        autoescape=True,  # every template, every file name
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(
+        shown=text.shown,
+        cut=text.cut,
+        iso=text.iso,
+        json_text=text.json_text,
+        seg=segment,
+        duration=text.duration,
+        state=state_class,
+    )
+    return env
+
+
+def page(
+    env: Environment,
+    scope: Scope,
+    template: str,
+    context: dict[str, Any],
+    *,
+    status: int = 200,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    """The rendered page; any lone surrogate that slipped past `shown` becomes U+FFFD instead
+    of failing the response."""
+    now = context.get("now") or datetime.now(UTC)
+    state = scope.get("app") and getattr(scope["app"], "state", None)
+    settings = getattr(state, "dashboard", None) if state is not None else None
+    full = {
+        "nav": "",
+        "base": scope.get("root_path", ""),
+        "path": route_path(scope),
+        "now": now,
+        "ago": lambda value: text.ago(value, now),
+        "refresh_seconds": REFRESH_SECONDS,
+        "login_required": bool(settings and settings.token),
+        **context,
+    }
+    html = env.get_template(template).render(full)
+    body = html.encode("utf-8", "replace")
+    return Response(
+        body,
+        status_code=status,
+        media_type=HTML,
+        headers={"cache-control": "no-store", **(headers or {})},
+    )
+
+
+def error_page(
+    env: Environment, request: Request | Scope, status: int, title: str, message: str
+) -> Response:
+    scope = request.scope if isinstance(request, Request) else request
+    return page(
+        env,
+        scope,
+        "error.html",
+        {"title": title, "message": text.shown(message, 2000), "status": status},
+        status=status,
+    )

@@ -1,0 +1,136 @@
+"""A run: its fields, documents, attempts on a time axis, explanation, tree and links."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Final
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from agent_runs import validation as check
+from agent_runs.dashboard import data
+from agent_runs.dashboard.chart import attempt_timeline
+from agent_runs.dashboard.common import REPLICA_NOTE, NotFound, guarded, settings
+from agent_runs.dashboard.params import only
+from agent_runs.dashboard.render import page
+from agent_runs.dashboard.text import plain
+from agent_runs.errors import InvalidArgument
+from agent_runs.explain import explain_run
+from agent_runs.models import AgentRun
+
+DOCUMENTS: Final = ("payload", "manifest", "run")
+_JSON: Final = "application/json; charset=utf-8"
+
+
+def _run_id(request: Request) -> str:
+    run_id: str = request.path_params["run_id"]
+    try:
+        return check.identifier("run_id", run_id)
+    except InvalidArgument:
+        # Not a storable id, so certainly not a run's (no query needed).
+        raise NotFound(f"no run with id {run_id[:200]}") from None
+
+
+def _found(run: AgentRun | None, run_id: str) -> AgentRun:
+    if run is None:
+        raise NotFound(f"no run with id {run_id}")
+    return run
+
+
+def worker_identity(owner_token: str | None) -> str | None:
+    """The stable worker name of an owner token (the part before its last ':')."""
+    if not owner_token:
+        return None
+    return owner_token.rsplit(":", 1)[0] if ":" in owner_token else owner_token
+
+
+@guarded
+def run_page(request: Request) -> Response:
+    only(request.query_params, ())
+    config = settings(request)
+    run_id = _run_id(request)
+    with data.reading(config.pool, config.statement_timeout_seconds) as reader:
+        now = reader.now()
+        run = _found(reader.repo.get_run(run_id), run_id)
+        attempts = reader.repo.list_run_attempts(run_id)
+        parent = reader.repo.get_run(run.created_by_run_id) if run.created_by_run_id else None
+        children = data.children(reader, run_id)
+        tree = data.tree(reader, run_id, data.TREE_ON_RUN_PAGE + 1)
+        recovery = data.in_recovery(reader)
+    last_owner = attempts[-1].worker_id if attempts else run.worker_id
+    return page(
+        config.env,
+        request.scope,
+        "run.html",
+        {
+            "nav": "runs",
+            "now": now,
+            "run": run,
+            "attempts": attempts,
+            "live_page": True,
+            "explanation": explain_run(run, attempts),
+            "timeline": attempt_timeline(attempts, now),
+            "parent": parent,
+            "parent_missing": run.created_by_run_id is not None and parent is None,
+            "children": children[: data.CHILDREN],
+            "more_children": len(children) > data.CHILDREN,
+            "tree": tree[: data.TREE_ON_RUN_PAGE],
+            "more_tree": len(tree) > data.TREE_ON_RUN_PAGE,
+            "worker": worker_identity(last_owner),
+            "can_cancel": config.allow_cancel and not recovery and not run.is_terminal,
+            "cancel_note": REPLICA_NOTE if config.allow_cancel and recovery else None,
+        },
+    )
+
+
+@guarded
+def tree_page(request: Request) -> Response:
+    only(request.query_params, ())
+    config = settings(request)
+    run_id = _run_id(request)
+    with data.reading(config.pool, config.statement_timeout_seconds) as reader:
+        now = reader.now()
+        run = _found(reader.repo.get_run(run_id), run_id)
+        tree = data.tree(reader, run_id, data.TREE_PAGE + 1)
+    return page(
+        config.env,
+        request.scope,
+        "tree.html",
+        {
+            "nav": "runs",
+            "now": now,
+            "run": run,
+            "tree": tree[: data.TREE_PAGE],
+            "more_tree": len(tree) > data.TREE_PAGE,
+            "limit": data.TREE_PAGE,
+        },
+    )
+
+
+@guarded
+def document(request: Request) -> Response:
+    """The whole payload, manifest or run as JSON (the run page shows them cut)."""
+    only(request.query_params, ())
+    config = settings(request)
+    kind = request.path_params["kind"]
+    if kind not in DOCUMENTS:
+        raise NotFound(f"no document {kind[:50]}; try one of {', '.join(DOCUMENTS)}")
+    run_id = _run_id(request)
+    with data.reading(config.pool, config.statement_timeout_seconds) as reader:
+        run = _found(reader.repo.get_run(run_id), run_id)
+    value: Any
+    if kind == "payload":
+        value = run.input_payload
+    elif kind == "manifest":
+        value = run.manifest
+    else:
+        value = {k: plain(v) for k, v in dataclasses.asdict(run).items()}
+    # ensure_ascii: every character outside ASCII as an escape, so the body is plain ASCII.
+    body = json.dumps(value, indent=2, ensure_ascii=True, sort_keys=True)
+    return Response(
+        body + "\n",
+        media_type=_JSON,
+        headers={"cache-control": "no-store", "content-disposition": "inline"},
+    )

@@ -1,0 +1,106 @@
+"""Values from users and agents made into bounded, visible text for the pages.
+
+Every string goes through `agent_runs.display.escape` (control characters, bidi controls, line
+separators and lone surrogates made visible, as in the CLI's tables) and is cut to a bound, so
+that neither a hostile character nor a 5 MB string reaches the page. Jinja then HTML-escapes it.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from agent_runs.display import escape
+from agent_runs.durations import format_duration
+
+# Longest value shown in a table cell, and in a field of the run page.
+CELL_CHARS: Final = 120
+FIELD_CHARS: Final = 4000
+# Longest formatted JSON shown on the run page; the whole document is one link away.
+JSON_CHARS: Final = 20_000
+# Bidi controls (as in display.py) that json.dumps leaves raw with ensure_ascii=False.
+_BIDI: Final = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+class Shown(str):
+    """Text as shown, and whether it was cut (the page then links to the whole)."""
+
+    cut: bool = False
+
+
+def shown(value: object, limit: int = CELL_CHARS) -> Shown:
+    """`value` escaped to visible text and cut to `limit` characters with a marker."""
+    if value is None:
+        return Shown("")
+    text = value if isinstance(value, str) else str(value)
+    head = text[: limit + 1]  # escape only what can be shown: a 5 MB string costs nothing
+    visible = escape(head)
+    if len(text) <= limit and len(visible) <= limit * 4:
+        return Shown(visible)
+    out = Shown(f"{visible[:limit]} … [{len(text) - min(len(text), limit):,} more characters]")
+    out.cut = True
+    return out
+
+
+def cut(text: str, limit: int) -> Shown:
+    """Text that is already visible (escaped by its producer, as `explain_run`'s is) cut to
+    `limit` characters with a marker; escaping it again would double its backslashes."""
+    if len(text) <= limit:
+        return Shown(text)
+    out = Shown(f"{text[:limit]} … [{len(text) - limit:,} more characters]")
+    out.cut = True
+    return out
+
+
+def json_text(document: object, limit: int = JSON_CHARS) -> Shown:
+    """A JSON document formatted over lines, characters that could hide or reorder text
+    written as JSON escapes (still valid JSON), cut to `limit` characters."""
+    if document is None:
+        return Shown("")
+    text = json.dumps(document, indent=2, ensure_ascii=False, sort_keys=True)
+    visible = "".join(_json_char(ch) for ch in text[: limit + 1])
+    if len(text) <= limit:
+        return Shown(visible)
+    out = Shown(f"{visible[:limit]}\n… [cut: {len(text) - limit:,} more characters]")
+    out.cut = True
+    return out
+
+
+def _json_char(ch: str) -> str:
+    if ch == "\n":
+        return ch
+    if ch in _BIDI or unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp"):
+        return f"\\u{ord(ch):04x}"
+    return ch
+
+
+def iso(value: datetime | None) -> str:
+    """The absolute time, UTC, for a <time datetime> attribute and its text."""
+    if value is None:
+        return ""
+    return value.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def ago(value: datetime | None, now: datetime) -> str:
+    """`3m12s ago` / `in 40s`, relative to the page's clock."""
+    if value is None:
+        return "never"
+    delta = now - value
+    if delta >= timedelta(0):
+        return f"{format_duration(delta)} ago"
+    return f"in {format_duration(-delta)}"
+
+
+def duration(start: datetime | None, end: datetime | None) -> str:
+    if start is None or end is None:
+        return ""
+    return format_duration(end - start)
+
+
+def plain(value: Any) -> Any:
+    """A value for JSON output: datetimes as ISO 8601, everything else as is."""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat()
+    return value

@@ -1,0 +1,15 @@
+-- dashboard.live: live runs by status (with how many hold an expired lease), the oldest one of
+--                 each status, and whether the server is a hot standby.
+-- from: pending, running and cancel_requested runs
+-- to:   nothing (read only)
+-- returns: (key, n, expired, oldest, in_recovery): one row per non-terminal status present,
+--          plus one row 'in_recovery' that always exists
+SELECT r.status AS key, count(*) AS n,
+       count(*) FILTER (WHERE r.lease_expires_at <= coalesce(%(now)s::timestamptz, now()))
+           AS expired,
+       min(r.created_at) AS oldest, NULL::boolean AS in_recovery
+FROM agent_runs r
+WHERE r.status IN ('pending', 'running', 'cancel_requested')
+GROUP BY r.status
+UNION ALL
+SELECT 'in_recovery', 0, 0, NULL, pg_is_in_recovery()
