@@ -83,14 +83,15 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
         raise InvalidArgument("conn must be an idle autocommit connection (LISTEN needs it)")
     deadline = time.monotonic() + timeout
     repo = AgentRunRepository(conn)
-    # LISTEN, then register, before the first read: a run that ends after the read is then
-    # always notified (its end notifies only registered runs).
+    # Register, then LISTEN, before the first read: a run that ends after the read is then
+    # always notified (its end notifies only registered runs), one that ended before LISTEN is
+    # terminal in the read. Registering first keeps others' notifications off this connection
+    # while it registers.
+    waiter_id = waiters.new_waiter_id()
+    registered = waiters.register(conn, run_id, waiter_id, timeout)
     conn.execute(_LISTEN_FINISHED, prepare=False)
     listening = True
-    waiter_id = waiters.new_waiter_id()
-    registered = False
     try:
-        registered = waiters.register(conn, run_id, waiter_id, timeout)
         run = repo.get_run(run_id)
         if run is None:
             raise InvalidArgument(f"run_id {run_id!r}: no such run")
@@ -121,9 +122,9 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
             and not conn.broken
             and conn.info.transaction_status == pq.TransactionStatus.IDLE
         ):
+            conn.execute(_UNLISTEN_FINISHED, prepare=False)
             if registered:
                 waiters.unregister(conn, run_id, waiter_id)
-            conn.execute(_UNLISTEN_FINISHED, prepare=False)
 
 
 def _await_finished(conn: psycopg.Connection[Any], run_id: str, *, until: float) -> bool:

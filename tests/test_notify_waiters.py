@@ -283,3 +283,17 @@ def test_cancelling_a_tree_of_released_runs_wakes_each_slug_once(
         (CLAIMABLE_CHANNEL, "lead"),
         (CLAIMABLE_CHANNEL, "sub"),
     ]
+
+
+def test_a_run_held_locked_past_the_timeout_times_the_waiter_out_registering_nothing(
+    dsn: str, repo: AgentRunRepository, observer: Conn
+) -> None:
+    run = new_run(repo)
+    with agent_runs.connect(dsn) as holder, holder.transaction():
+        holder.execute("SELECT FROM agent_runs WHERE id = %s FOR UPDATE", (run.id,))
+        with agent_runs.connect(dsn) as conn:
+            with pytest.raises(TimeoutError, match="locked"):
+                wait_for_run(conn, run.id, timeout_seconds=0.2)
+            assert not conn.info.transaction_status  # idle, usable
+            assert conn.execute("SHOW lock_timeout").fetchone() == ("0",)  # reset
+    assert registrations(observer) == 0
