@@ -1,0 +1,55 @@
+"""Numbers: seconds and integers in range, checked before any conversion (no OverflowError)."""
+
+from __future__ import annotations
+
+import math
+
+from agent_runs.errors import InvalidArgument
+from agent_runs.validation.limits import MAX_LEASE_SECONDS, MAX_LIMIT, MAX_TIMEOUT_SECONDS
+from agent_runs.validation.text import _shown
+
+
+def _seconds(
+    name: str, value: object, low: float, high: float, *, low_allowed: bool = False
+) -> float:
+    """A finite number with low < value <= high (low <= value with `low_allowed`), as a float
+    (bool and huge ints refused)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(f"{name} must be a number, got {type(value).__name__}")
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = math.inf
+    above_low = low <= seconds if low_allowed else low < seconds
+    if not math.isfinite(seconds) or not above_low or not seconds <= high:
+        shown = f"{type(value).__name__} out of range" if seconds == math.inf else repr(seconds)
+        sign = ">=" if low_allowed else ">"
+        raise InvalidArgument(f"{name} must be finite, {sign} {low:g} and <= {high:g}, got {shown}")
+    return seconds
+
+
+def timeout_seconds(value: object, name: str = "timeout_seconds") -> float:
+    """How long a call may wait: a finite number, 0 <= x <= MAX_TIMEOUT_SECONDS."""
+    return _seconds(name, value, 0, MAX_TIMEOUT_SECONDS, low_allowed=True)
+
+
+def every_seconds(value: object, name: str = "--every") -> float:
+    """A repeating command's period: a finite number, 0 < x <= 86400."""
+    return _seconds(name, value, 0, MAX_LEASE_SECONDS)
+
+
+def lease_seconds(value: object) -> float:
+    return _seconds("lease_seconds", value, 0, MAX_LEASE_SECONDS)
+
+
+def integer(name: str, value: object, low: int, high: int) -> int:
+    """An int (not a bool) with low <= value <= high."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgument(
+            f"{name} must be an integer from {low} to {high}, got {_shown(value)}"
+        )
+    return int(value)
+
+
+def limit(value: object) -> int:
+    return integer("limit", value, 1, MAX_LIMIT)
