@@ -1,15 +1,12 @@
 """AgentRunRepository: every transition of a run and its attempts, one SQL file each.
 
 One class per table pair on purpose: each public method is a short validation block around one
-sql/ file; the operator's queries live in operations.py and are mixed in.
+sql/ file; the operator's queries (operations.py) and create_runs (fanout.py) are mixed in.
 """
 
 from __future__ import annotations
 
-import os
 import threading
-import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -28,6 +25,8 @@ from agent_runs.errors import (
     NotLeaseOwner,
     ThreadBusy,
 )
+from agent_runs.fanout import RunBatches
+from agent_runs.ids import new_run_id
 from agent_runs.models import (
     AgentRun,
     Claim,
@@ -62,20 +61,7 @@ _CLAIM_RACE_CONSTRAINTS: Final = frozenset({UQ_RUN_ATTEMPT_NO, UQ_ONE_OPEN_ATTEM
 _CLAIM_TRIES: Final = 5
 
 
-def new_run_id() -> str:
-    """A random UUID of version 7: its first 48 bits are the Unix time in milliseconds.
-
-    New runs' keys then land at the right end of the primary key index (no page splits
-    scattered over the whole index, fewer page images in the WAL); uniqueness rests on the 74
-    random bits, as for uuid4.
-    """
-    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10))
-    value = value & ~(0xF << 76) | 0x7 << 76  # version 7
-    value = value & ~(0x3 << 62) | 0x2 << 62  # RFC 9562 variant
-    return str(uuid.UUID(int=value))
-
-
-class AgentRunRepository(OperatorQueries):
+class AgentRunRepository(OperatorQueries, RunBatches):
     """The data access object for agent_runs and agent_run_attempts over one psycopg connection.
 
     Every method runs in its own explicit transaction, which becomes a savepoint inside a

@@ -8,6 +8,7 @@ from typing import Any, Final
 from bench import (
     dashboard_phase,
     drain_phase,
+    fanout_phase,
     heartbeat_scale_phase,
     operator_phase,
     pickup_phase,
@@ -26,6 +27,7 @@ DEPLOYMENT_PHASES: Final = (
     ("pooler", pooler_phase),
     ("heartbeat_scale", heartbeat_scale_phase),
     ("drain", drain_phase),
+    ("fanout", fanout_phase),
 )
 
 
