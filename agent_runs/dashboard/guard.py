@@ -35,10 +35,21 @@ _FALLBACK_PAGE: Final = (
 )
 
 
+# The scope key where the Guard keeps the dashboard's own mount point: Starlette's inner
+# mounts (/static) extend root_path, and links must still start at the dashboard's root.
+ROOT_KEY: Final = "agent_runs.dashboard_root"
+
+
+def dashboard_root(scope: Scope) -> str:
+    """The prefix the dashboard is mounted under ("" when served alone)."""
+    root: str = scope.get(ROOT_KEY, scope.get("root_path", ""))
+    return root
+
+
 def route_path(scope: Scope) -> str:
     """The path inside the dashboard, whatever prefix it is mounted under."""
     path: str = scope.get("path", "")
-    root: str = scope.get("root_path", "")
+    root = dashboard_root(scope)
     if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):
         return path[len(root) :] or "/"
     return path
@@ -84,6 +95,7 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope = {**scope, ROOT_KEY: scope.get("root_path", "")}
         started = False
 
         async def send_secured(message: Message) -> None:

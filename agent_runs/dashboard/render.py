@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from agent_runs.dashboard import text
-from agent_runs.dashboard.guard import route_path
+from agent_runs.dashboard.guard import dashboard_root, route_path
 from agent_runs.models import AttemptOutcome, RunStatus
 
 TEMPLATES_DIR: Final = Path(__file__).resolve().parent / "templates"
@@ -74,7 +74,7 @@ def page(
     settings = getattr(state, "dashboard", None) if state is not None else None
     full = {
         "nav": "",
-        "base": scope.get("root_path", ""),
+        "base": dashboard_root(scope),
         "path": route_path(scope),
         "now": now,
         "ago": lambda value: text.ago(value, now),

@@ -1,0 +1,60 @@
+"""Adversarial review of the dashboard at HTTP level: parameters only ASCII digits parse as
+numbers, error pages inside the static mount link to the dashboard's own root, and the other
+holes found in review (each test failed before its fix)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from psycopg_pool import ConnectionPool
+
+from tests.fix_dashboard import assert_secured, make_client
+
+pytest.importorskip("starlette")
+from agent_runs.dashboard import create_app
+
+
+@pytest.mark.parametrize("limit", ["%C2%B2", "%D9%A1", "%EF%BC%91", "1%E2%81%B0"])
+def test_a_limit_of_non_ascii_digits_is_a_400_naming_it(client: Any, limit: str) -> None:
+    response = client.get(f"/runs?limit={limit}")
+    assert response.status_code == 400
+    assert_secured(response)
+    assert "Bad parameter: limit" in response.text
+
+
+@pytest.mark.parametrize("prefix", ["", "/ops"])
+def test_a_404_under_static_links_to_the_dashboard_root(
+    dashboard_pool: ConnectionPool, prefix: str
+) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    app: Any = create_app(dashboard_pool)
+    if prefix:
+        app = Starlette(routes=[Mount(prefix, app=app)])
+    with make_client(app) as client:
+        response = client.get(f"{prefix}/static/nowhere.css")
+        assert response.status_code == 404
+        assert_secured(response)
+        assert f'href="{prefix}/static/dashboard.css"' in response.text
+        assert f'<a href="{prefix}/">Back to the overview</a>' in response.text
+        assert "/static/static/" not in response.text
+
+
+def test_a_csrf_token_of_non_ascii_digits_is_refused_not_a_500(
+    dashboard_pool: ConnectionPool, repo: Any
+) -> None:
+    from tests.helpers import new_run
+
+    run = new_run(repo)
+    with make_client(create_app(dashboard_pool, allow_cancel=True)) as client:
+        for token in ("\u00b2.x", "\u0661\u0662.x", "1e3.x"):
+            response = client.post(
+                f"/cancel/{run.id}",
+                data={"csrf": token},
+                headers={"origin": "http://testserver"},
+            )
+            assert response.status_code == 403, token
+            assert_secured(response)
+    assert repo.get_run(run.id).status == "pending"
