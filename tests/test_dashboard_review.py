@@ -58,3 +58,20 @@ def test_a_csrf_token_of_non_ascii_digits_is_refused_not_a_500(
             assert response.status_code == 403, token
             assert_secured(response)
     assert repo.get_run(run.id).status == "pending"
+
+
+@pytest.mark.parametrize("run_id", ["cr\r\nlf", "lf\n", "\n", "ls\u2028ps\u2029", "a/b/../c"])
+def test_a_run_id_with_line_breaks_reaches_every_route(
+    dashboard_pool: ConnectionPool, repo: Any, run_id: str
+) -> None:
+    from urllib.parse import quote
+
+    from tests.helpers import new_run
+
+    new_run(repo, run_id=run_id)
+    segment = quote(run_id, safe="")
+    with make_client(create_app(dashboard_pool, allow_cancel=True)) as client:
+        for route in ("runs", "tree", "json/run", "cancel", "cancel-tree"):
+            response = client.get(f"/{route}/{segment}")
+            assert response.status_code == 200, route
+            assert_secured(response)

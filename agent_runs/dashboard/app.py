@@ -9,6 +9,7 @@ from typing import Final
 
 from psycopg_pool import ConnectionPool
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
@@ -21,6 +22,21 @@ from agent_runs.dashboard.data import Cached
 from agent_runs.dashboard.guard import Guard
 from agent_runs.dashboard.render import error_page, make_environment
 from agent_runs.errors import InvalidArgument
+
+
+class _RunIdConvertor(Convertor[str]):
+    """A run id in the path: any text, line breaks included (`path`'s `.*` stops at one)."""
+
+    regex = r"[\s\S]*"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("agent_runs_run_id", _RunIdConvertor())
 
 STATIC_DIR: Final = Path(__file__).resolve().parent / "static"
 _TITLES: Final = {
@@ -63,9 +79,9 @@ def create_app(
     routes: list[BaseRoute] = [
         Route("/", pages.overview, name="overview"),
         Route("/runs", pages.runs, name="runs"),
-        Route("/runs/{run_id:path}", run_page.run_page, name="run"),
-        Route("/tree/{run_id:path}", run_page.tree_page, name="tree"),
-        Route("/json/{kind}/{run_id:path}", run_page.document, name="document"),
+        Route("/runs/{run_id:agent_runs_run_id}", run_page.run_page, name="run"),
+        Route("/tree/{run_id:agent_runs_run_id}", run_page.tree_page, name="tree"),
+        Route("/json/{kind}/{run_id:agent_runs_run_id}", run_page.document, name="document"),
         Route("/workers", pages.workers, name="workers"),
         Route("/healthz", pages.healthz, name="healthz"),
         Route("/login", actions.login_form, methods=["GET"]),
@@ -74,7 +90,7 @@ def create_app(
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     for action in actions.ACTIONS:
-        path = f"/{action}/{{run_id:path}}"
+        path = f"/{action}/{{run_id:agent_runs_run_id}}"
         routes.append(Route(path, actions.confirmer(action), methods=["GET"]))
         routes.append(Route(path, actions.performer(action), methods=["POST"]))
 
