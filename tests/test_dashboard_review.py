@@ -75,3 +75,17 @@ def test_a_run_id_with_line_breaks_reaches_every_route(
             response = client.get(f"/{route}/{segment}")
             assert response.status_code == 200, route
             assert_secured(response)
+
+
+def test_only_the_login_page_and_static_files_are_open_without_the_token(
+    dashboard_pool: ConnectionPool,
+) -> None:
+    from tests.fix_dashboard import TOKEN
+
+    with make_client(create_app(dashboard_pool, token=TOKEN)) as client:
+        for path in ("/loginx", "/login/x", "/login-page", "/staticx", "/static"):
+            response = client.get(path)
+            assert response.status_code == 401, path
+            assert_secured(response)
+        assert client.get("/login").status_code == 200
+        assert client.get("/static/live.js").status_code == 200

@@ -25,7 +25,8 @@ SECURITY_HEADERS: Final = (
 )
 SESSION_COOKIE: Final = "agent_runs_session"
 # Reached without a token: the login form, and the style sheet and script it uses.
-_OPEN_PREFIXES: Final = ("/login", "/static/")
+_OPEN_PATHS: Final = frozenset({"/login"})
+_OPEN_PREFIX: Final = "/static/"
 # Methods with side effects are refused everywhere, except POST (login, cancel: the routes
 # that take it check their own rules; every other route answers POST with 405).
 _SAFE_METHODS: Final = frozenset({"GET", "HEAD"})
@@ -116,7 +117,8 @@ class Guard:
             headers = dict(scope.get("headers", []))
             if (
                 self.token is not None
-                and not path.startswith(_OPEN_PREFIXES)
+                and path not in _OPEN_PATHS
+                and not path.startswith(_OPEN_PREFIX)
                 and not authorized(headers, self.token)
             ):
                 await self._refused(scope, send_secured, 401, "log in to see this page")
