@@ -143,7 +143,12 @@ def test_every_page_with_every_field_hostile(
     page = context.new_page()
     page.set_default_timeout(15_000)
     problems: list[str] = []
-    page.on("dialog", lambda d: (problems.append(f"dialog {d.message}"), d.dismiss()))
+
+    def dialog(d: Any) -> None:
+        problems.append(f"dialog {d.message}")
+        d.dismiss()
+
+    page.on("dialog", dialog)
     page.on("pageerror", lambda e: problems.append(f"page error {e}"))
     page.on(
         "console",

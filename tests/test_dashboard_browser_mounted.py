@@ -59,7 +59,12 @@ def test_under_ops_login_links_static_refresh_and_cancel(
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.set_default_timeout(15_000)
-            page.on("dialog", lambda d: (problems.append(d.message), d.dismiss()))
+
+            def dialog(d: Any) -> None:
+                problems.append(d.message)
+                d.dismiss()
+
+            page.on("dialog", dialog)
             page.on("pageerror", lambda e: problems.append(str(e)))
             page.on("response", lambda r: requested.append((r.url, r.status)))
             page.goto(ops + "/login")
@@ -93,7 +98,8 @@ def test_under_ops_login_links_static_refresh_and_cancel(
             page.get_by_role("heading", name="Worker identities").wait_for()
             page.get_by_role("button", name="Log out").click()
             page.get_by_role("heading", name="Log in").wait_for()
-            assert page.goto(ops + "/").status == 401  # type: ignore[union-attr]
+            last = page.goto(ops + "/")
+            assert last is not None and last.status == 401
         finally:
             browser.close()
     assert problems == []

@@ -203,8 +203,7 @@ def test_the_worker_filter_probes_live_runs_newest_first_and_stops(
     probes = sum(
         n.get("Actual Loops", 0)
         for n in _nodes(plan)
-        if n.get("Relation Name") == "agent_run_attempts"
-        and "worker" in str(n.get("Filter", ""))
+        if n.get("Relation Name") == "agent_run_attempts" and "worker" in str(n.get("Filter", ""))
     )
     # Ten matches among eight workers interleaved: about 80 probes, never all 800 live runs.
     assert 10 <= probes <= 120, probes
