@@ -89,3 +89,18 @@ def test_only_the_login_page_and_static_files_are_open_without_the_token(
             assert_secured(response)
         assert client.get("/login").status_code == 200
         assert client.get("/static/live.js").status_code == 200
+
+
+def test_favicon_ico_is_served_for_pages_that_name_no_icon(
+    dashboard_pool: ConnectionPool,
+) -> None:
+    """The JSON views name no icon, so Chromium asks for /favicon.ico: a 404 there was a
+    console error on every JSON view."""
+    from tests.fix_dashboard import TOKEN
+
+    for token in (None, TOKEN):
+        with make_client(create_app(dashboard_pool, token=token)) as client:
+            response = client.get("/favicon.ico")
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("image/svg+xml")
+            assert_secured(response)

@@ -11,7 +11,7 @@ from psycopg_pool import ConnectionPool
 from starlette.applications import Starlette
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Scope
@@ -49,6 +49,10 @@ _TITLES: Final = {
 }
 
 
+def _favicon(request: Request) -> Response:
+    return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
+
+
 def create_app(
     pool: ConnectionPool,
     *,
@@ -84,6 +88,9 @@ def create_app(
         Route("/json/{kind}/{run_id:agent_runs_run_id}", run_page.document, name="document"),
         Route("/workers", pages.workers, name="workers"),
         Route("/healthz", pages.healthz, name="healthz"),
+        # Browsers ask for /favicon.ico on pages that name no icon (the JSON views): a 404
+        # there is a console error.
+        Route("/favicon.ico", _favicon),
         Route("/login", actions.login_form, methods=["GET"]),
         Route("/login", actions.login, methods=["POST"]),
         Route("/logout", actions.logout, methods=["POST"]),

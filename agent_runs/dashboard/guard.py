@@ -24,8 +24,8 @@ SECURITY_HEADERS: Final = (
     (b"x-frame-options", b"DENY"),
 )
 SESSION_COOKIE: Final = "agent_runs_session"
-# Reached without a token: the login form, and the style sheet and script it uses.
-_OPEN_PATHS: Final = frozenset({"/login"})
+# Reached without a token: the login form, and the icon, style sheet and script it uses.
+_OPEN_PATHS: Final = frozenset({"/login", "/favicon.ico"})
 _OPEN_PREFIX: Final = "/static/"
 # Methods with side effects are refused everywhere, except POST (login, cancel: the routes
 # that take it check their own rules; every other route answers POST with 405).
