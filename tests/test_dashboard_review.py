@@ -104,3 +104,32 @@ def test_favicon_ico_is_served_for_pages_that_name_no_icon(
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("image/svg+xml")
             assert_secured(response)
+
+
+def test_a_run_page_stays_bounded_whatever_its_number_of_attempts(
+    client: Any, repo: Any, observer: Any
+) -> None:
+    """A crash-looping run may hold thousands of attempts: the run page shows the latest
+    ATTEMPTS_SHOWN, says how many earlier ones it leaves out, and stays under 300 KB."""
+    from agent_runs.dashboard.run_page import ATTEMPTS_SHOWN
+    from tests.helpers import new_run
+
+    run = new_run(repo)
+    observer.execute(
+        """
+        INSERT INTO agent_run_attempts (run_id, attempt_no, worker_id, started_at, finished_at,
+                                        outcome, error_type, error_message)
+        SELECT %(id)s, n, 'host-1:' || n, now() - interval '1 day' + n * interval '10 seconds',
+               now() - interval '1 day' + n * interval '10 seconds' + interval '5 seconds',
+               'retry_released', 'crash', repeat('<b>boom</b> ', 100)
+        FROM generate_series(1, 2000) AS n
+        """,
+        {"id": run.id},
+    )
+    response = client.get(f"/runs/{run.id}")
+    assert response.status_code == 200
+    assert len(response.content) < 300_000, len(response.content)
+    html = response.text
+    assert html.count('<td class="num">2000</td>') == 1  # the latest attempt is shown
+    assert f'<td class="num">{2000 - ATTEMPTS_SHOWN}</td>' not in html
+    assert f"{2000 - ATTEMPTS_SHOWN:,} earlier attempts are not shown" in html
