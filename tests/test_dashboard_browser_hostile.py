@@ -20,6 +20,7 @@ from tests.fix_dashboard import Served, serve, stop
 
 pytest.importorskip("starlette")
 from agent_runs.dashboard import create_app
+from agent_runs.dashboard.render import run_segment
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 if not Path(CHROMIUM).exists():
@@ -49,6 +50,8 @@ RUN_IDS: Final = (
     "%2F%00\u202e",
     "{{7*7}}",
     "cr\r\nlf\u2028",
+    "..",
+    ".",
 )
 
 
@@ -106,7 +109,7 @@ def served(dashboard_pool: ConnectionPool) -> Iterator[Served]:
 def pages(runs: list[AgentRun]) -> list[str]:
     paths = ["/", "/runs", "/workers", "/workers?since=7d", "/runs?stuck=1"]
     for run in runs:
-        rid = quote(run.id, safe="")
+        rid = run_segment(run.id)
         paths += [f"/runs/{rid}", f"/tree/{rid}", f"/cancel/{rid}", f"/cancel-tree/{rid}"]
         for name, value in (
             ("thread", run.thread_id),
@@ -173,13 +176,13 @@ def test_every_page_with_every_field_hostile(
         assert problems == []
         for run in runs:  # the whole documents, as the browser shows JSON
             for kind in ("payload", "manifest", "run"):
-                response = page.goto(f"{served.url}/json/{kind}/{quote(run.id, safe='')}")
+                response = page.goto(f"{served.url}/json/{kind}/{run_segment(run.id)}")
                 assert response is not None and response.status == 200
                 assert response.headers["content-type"] == "application/json; charset=utf-8"
                 assert page.locator("script, img").count() == 0
         assert console == [] and problems == []
         for run in runs:
-            page.goto(f"{served.url}/runs/{quote(run.id, safe='')}")
+            page.goto(f"{served.url}/runs/{run_segment(run.id)}")
             page.locator("main h1").wait_for()
             assert page.title().startswith("Run "), (run.id, page.title(), page.url)
             assert page.locator("h1 .mono").inner_text() == escape(run.id)

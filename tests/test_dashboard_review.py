@@ -133,3 +133,30 @@ def test_a_run_page_stays_bounded_whatever_its_number_of_attempts(
     assert html.count('<td class="num">2000</td>') == 1  # the latest attempt is shown
     assert f'<td class="num">{2000 - ATTEMPTS_SHOWN}</td>' not in html
     assert f"{2000 - ATTEMPTS_SHOWN:,} earlier attempts are not shown" in html
+
+
+@pytest.mark.parametrize("run_id", ["..", "."])
+def test_a_run_id_of_dots_is_linked_past_the_browsers_dot_segments(
+    dashboard_pool: ConnectionPool, repo: Any, run_id: str
+) -> None:
+    """A browser drops `/runs/..` (and `/runs/%2E%2E`) to `/`: the dashboard links such an id
+    with a NUL after it (no stored id holds one) and its routes take it off."""
+    from tests.helpers import new_run
+
+    new_run(repo, run_id=run_id)
+    with make_client(create_app(dashboard_pool, allow_cancel=True)) as client:
+        listing = client.get("/runs").text
+        assert f'href="/runs/{run_id}%00"' in listing
+        for route in ("runs", "tree", "json/run", "cancel", "cancel-tree"):
+            response = client.get(f"/{route}/{run_id}%00")
+            assert response.status_code == 200, route
+        page = client.get(f"/runs/{run_id}%00").text
+        assert f'href="/cancel/{run_id}%00"' in page
+        confirm = client.get(f"/cancel/{run_id}%00").text
+        csrf = confirm.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        done = client.post(
+            f"/cancel/{run_id}%00", data={"csrf": csrf}, headers={"origin": "http://testserver"}
+        )
+        assert done.status_code == 200
+        assert client.get("/runs/x%00").status_code == 404  # a NUL after any other id: no run
+    assert repo.get_run(run_id).status == "cancelled"

@@ -20,16 +20,19 @@ from agent_runs.dashboard import actions, pages, run_page
 from agent_runs.dashboard.common import Settings
 from agent_runs.dashboard.data import Cached
 from agent_runs.dashboard.guard import Guard
-from agent_runs.dashboard.render import error_page, make_environment
+from agent_runs.dashboard.render import DOT_IDS, DOT_MARK, error_page, make_environment
 from agent_runs.errors import InvalidArgument
 
 
 class _RunIdConvertor(Convertor[str]):
-    """A run id in the path: any text, line breaks included (`path`'s `.*` stops at one)."""
+    """A run id in the path: any text, line breaks included (`path`'s `.*` stops at one);
+    an id of only dots comes with DOT_MARK after it."""
 
     regex = r"[\s\S]*"
 
     def convert(self, value: str) -> str:
+        if value.endswith(DOT_MARK) and value[: -len(DOT_MARK)] in DOT_IDS:
+            return value[: -len(DOT_MARK)]  # "..": see render.run_segment
         return value
 
     def to_string(self, value: str) -> str:

@@ -28,6 +28,19 @@ def segment(value: object) -> str:
     return quote(str(value), safe="")
 
 
+# A run id of only dots is a dot segment to a browser (even as %2E), which drops it from the
+# URL; such an id is written with a NUL after it, which no stored id can hold (the route's
+# convertor takes it off again).
+DOT_IDS: Final = frozenset({".", ".."})
+DOT_MARK: Final = "\x00"
+
+
+def run_segment(run_id: object) -> str:
+    """A run id as the last path segment of our links to its pages."""
+    text = str(run_id)
+    return segment(text + DOT_MARK if text in DOT_IDS else text)
+
+
 _KNOWN_STATES: Final = frozenset(
     [s.value for s in RunStatus] + [o.value for o in AttemptOutcome] + ["open"]
 )
@@ -52,6 +65,7 @@ def make_environment() -> Environment:
         iso=text.iso,
         json_text=text.json_text,
         seg=segment,
+        idseg=run_segment,
         duration=text.duration,
         state=state_class,
     )
