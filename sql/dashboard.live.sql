@@ -4,8 +4,11 @@
 -- to:   nothing (read only)
 -- returns: (key, n, expired, oldest, in_recovery): one row per non-terminal status present,
 --          plus one row 'in_recovery' that always exists
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+)
 SELECT r.status AS key, count(*) AS n,
-       count(*) FILTER (WHERE r.lease_expires_at <= coalesce(%(now)s::timestamptz, now()))
+       count(*) FILTER (WHERE r.lease_expires_at <= (SELECT now FROM clock))
            AS expired,
        min(r.created_at) AS oldest, NULL::boolean AS in_recovery
 FROM agent_runs r

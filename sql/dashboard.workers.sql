@@ -3,7 +3,10 @@
 -- from: attempts finished since window_start, and the live runs' leases now
 -- to:   nothing (read only)
 -- returns: one row per identity, the most troubled (lease losses + failures) first, at most top
-WITH finished AS (
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+finished AS (
     SELECT regexp_replace(a.worker_id, ':[^:]*$', '') AS worker,
            count(*) AS attempts,
            count(*) FILTER (WHERE a.outcome = 'completed') AS completed,
@@ -20,7 +23,7 @@ WITH finished AS (
 live AS (
     SELECT regexp_replace(r.worker_id, ':[^:]*$', '') AS worker,
            count(*) AS leases,
-           count(*) FILTER (WHERE r.lease_expires_at <= coalesce(%(now)s::timestamptz, now()))
+           count(*) FILTER (WHERE r.lease_expires_at <= (SELECT now FROM clock))
                AS expired,
            max(r.heartbeat_at) AS last_heartbeat
     FROM agent_runs r
