@@ -8,11 +8,11 @@ WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 )
 SELECT r.status AS key, count(*) AS n,
-       count(*) FILTER (WHERE r.lease_expires_at <= (SELECT now FROM clock))
+       count(*) FILTER (WHERE r.lease_expires_at <= clock.now)
            AS expired,
        min(r.created_at) AS oldest, NULL::boolean AS in_recovery
-FROM agent_runs r
+FROM agent_runs r, clock
 WHERE r.status IN ('pending', 'running', 'cancel_requested')
-GROUP BY r.status
+GROUP BY r.status, clock.now
 UNION ALL
 SELECT 'in_recovery', 0, 0, NULL, pg_is_in_recovery()

@@ -23,8 +23,7 @@ finished AS (
 live AS (
     SELECT regexp_replace(r.worker_id, ':[^:]*$', '') AS worker,
            count(*) AS leases,
-           count(*) FILTER (WHERE r.lease_expires_at <= (SELECT now FROM clock))
-               AS expired,
+           count(*) FILTER (WHERE r.lease_expires_at <= (SELECT now FROM clock)) AS expired,
            max(r.heartbeat_at) AS last_heartbeat
     FROM agent_runs r
     WHERE r.status IN ('running', 'cancel_requested') AND r.worker_id IS NOT NULL
