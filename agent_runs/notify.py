@@ -6,7 +6,9 @@ commit, never before the change is visible, and a rolled-back change sends nothi
 
 - `agent_runs_claimable`, payload the run's agent_slug: create_run (a real insert),
   release_lease_for_retry, and a request_cancel that leaves an ownerless cancel_requested run.
-- `agent_runs_finished`, payload the run id: every terminal transition.
+- `agent_runs_finished`, payload the run id: the terminal transition of a run that a waiter
+  registered interest in (wait_for_run; see agent_runs.waiters). A run nobody waits for ends
+  without NOTIFY: notifying transactions serialize their commits.
 
 LISTEN needs a session of its own on the server: through a transaction-mode pooler it is not
 reliable, so give the listener a direct connection, or rely on the poll fallbacks.
@@ -24,6 +26,7 @@ import psycopg
 from psycopg import pq
 
 from agent_runs import validation as check
+from agent_runs import waiters
 from agent_runs.backoff import Backoff
 from agent_runs.errors import InvalidArgument
 from agent_runs.logs import logger
@@ -80,7 +83,12 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
         raise InvalidArgument("conn must be an idle autocommit connection (LISTEN needs it)")
     deadline = time.monotonic() + timeout
     repo = AgentRunRepository(conn)
-    # LISTEN before the first read: a run that ends after the read is then always notified.
+    # Register, then LISTEN, before the first read: a run that ends after the read is then
+    # always notified (its end notifies only registered runs), one that ended before LISTEN is
+    # terminal in the read. Registering first keeps others' notifications off this connection
+    # while it registers.
+    waiter_id = waiters.new_waiter_id()
+    registered = waiters.register(conn, run_id, waiter_id, timeout)
     conn.execute(_LISTEN_FINISHED, prepare=False)
     listening = True
     try:
@@ -115,6 +123,8 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
             and conn.info.transaction_status == pq.TransactionStatus.IDLE
         ):
             conn.execute(_UNLISTEN_FINISHED, prepare=False)
+            if registered:
+                waiters.unregister(conn, run_id, waiter_id)
 
 
 def _await_finished(conn: psycopg.Connection[Any], run_id: str, *, until: float) -> bool:

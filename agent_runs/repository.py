@@ -4,7 +4,8 @@ Each public method is written as its plan (agent_runs.steps): a short validation
 sql/ file it runs, and how its answer reads. `@planned` makes it a method that this face drives
 on its connection (agent_runs.driver: one round trip per transition); the asyncio face,
 agent_runs.aio.AsyncAgentRunRepository, drives the very same plans. The worker's lean variants
-live in agent_runs.lean, the operator's queries in agent_runs.operations (both mixed in).
+live in agent_runs.lean, the operator's queries in agent_runs.operations, create_runs in
+agent_runs.fanout (all mixed in).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
 from agent_runs import validation as check
-from agent_runs.claims import LEASE_EXPIRED_MESSAGE, claim, first_claimed, new_run_id, next_claim
+from agent_runs.claims import LEASE_EXPIRED_MESSAGE, claim, first_claimed, next_claim
 from agent_runs.driver import SyncDriver
 from agent_runs.errors import (
     UQ_ONE_ACTIVE_PER_THREAD,
@@ -25,6 +26,8 @@ from agent_runs.errors import (
     NotLeaseOwner,
     ThreadBusy,
 )
+from agent_runs.fanout import RunBatches
+from agent_runs.ids import new_run_id
 from agent_runs.lean import LeanTransitions
 from agent_runs.models import AgentRun, Claim, RunAttempt, RunStatus, Transition
 from agent_runs.operations import OperatorQueries
@@ -35,7 +38,7 @@ from agent_runs.transport import Row, Statement, statement
 __all__ = ["LEASE_EXPIRED_MESSAGE", "AgentRunRepository", "new_run_id"]
 
 
-class AgentRunRepository(OperatorQueries, LeanTransitions, SyncDriver):
+class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDriver):
     """The data access object for agent_runs and agent_run_attempts over one psycopg connection.
 
     Every method runs in its own explicit transaction, which becomes a savepoint inside a

@@ -9,6 +9,7 @@ from bench import (
     aio_phase,
     dashboard_phase,
     drain_phase,
+    fanout_phase,
     heartbeat_scale_phase,
     operator_phase,
     pickup_phase,
@@ -29,6 +30,7 @@ DEPLOYMENT_PHASES: Final = (
     ("aio", aio_phase),
     ("heartbeat_scale", heartbeat_scale_phase),
     ("drain", drain_phase),
+    ("fanout", fanout_phase),
 )
 
 

@@ -57,6 +57,7 @@ attempt AS (
 ),
 notified AS (
     SELECT pg_notify('agent_runs_finished', finished.id) FROM finished
+    WHERE agent_run_waiters_take(finished.id)
 )
 SELECT finished.id, finished.finished_at FROM finished
 WHERE (SELECT count(*) FROM notified) >= 0

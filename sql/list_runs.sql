@@ -7,7 +7,11 @@
 -- notes: sql/README.md (clock); two halves with the same filters, merged: settled runs (pending
 --        or finished) through the listing indexes, which leave live runs out, and live runs
 --        (few, one per lease) through ix_agent_runs_live (NOT MATERIALIZED: each half reads its
---        own index, in order)
+--        own index). The worker filter is a per-run probe of the run's few attempts by run_id
+--        (OFFSET 0 keeps it a probe, not a join reading every attempt), made while each half
+--        walks newest first, so it stops once the page is full: settled runs come in index
+--        order; live runs, which ix_agent_runs_live holds in no useful order, are sorted first
+--        (the OFFSET 0 subquery) and probed after, not all probed before the sort.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
@@ -24,13 +28,6 @@ matching AS NOT MATERIALIZED (
               %(since_at)s::timestamptz,
               (SELECT now FROM clock) - make_interval(secs => %(since_seconds)s::float8),
               '-infinity')
-      -- Probed per run while walking runs newest first (OFFSET 0 keeps it a per-row probe of
-      -- the run's few attempts by run_id instead of a join that reads every attempt).
-      AND (%(worker)s::text IS NULL OR EXISTS (
-              SELECT FROM agent_run_attempts a
-              WHERE a.run_id = r.id
-                AND regexp_replace(a.worker_id, ':[^:]*$', '') = %(worker)s::text
-              OFFSET 0))
       AND (NOT %(stuck)s::boolean
            OR (r.status IN ('running', 'cancel_requested') AND r.worker_id IS NOT NULL
                AND r.lease_expires_at <= (SELECT now FROM clock))
@@ -43,6 +40,11 @@ matching AS NOT MATERIALIZED (
 page AS (
     (SELECT * FROM matching m
      WHERE m.status NOT IN ('running', 'cancel_requested')
+       AND (%(worker)s::text IS NULL OR EXISTS (
+               SELECT FROM agent_run_attempts a
+               WHERE a.run_id = m.id
+                 AND regexp_replace(a.worker_id, ':[^:]*$', '') = %(worker)s::text
+               OFFSET 0))
        -- Each half is skipped whole (a one-time filter) when no status asked for can be in it:
        -- else its index walk, filtered by a status it never holds, reads every row.
        AND CASE WHEN %(statuses)s::text[] IS NULL THEN true
@@ -50,11 +52,19 @@ page AS (
      ORDER BY m.created_at DESC, m.id DESC
      LIMIT %(limit)s)
     UNION ALL
-    (SELECT * FROM matching m
-     WHERE m.status IN ('running', 'cancel_requested')
-       AND CASE WHEN %(statuses)s::text[] IS NULL THEN true
-                ELSE %(statuses)s::text[] && ARRAY['running', 'cancel_requested'] END
-     ORDER BY m.created_at DESC, m.id DESC
+    (SELECT * FROM (
+         SELECT * FROM matching m
+         WHERE m.status IN ('running', 'cancel_requested')
+           AND CASE WHEN %(statuses)s::text[] IS NULL THEN true
+                    ELSE %(statuses)s::text[] && ARRAY['running', 'cancel_requested'] END
+         ORDER BY m.created_at DESC, m.id DESC
+         OFFSET 0) live
+     WHERE %(worker)s::text IS NULL OR EXISTS (
+               SELECT FROM agent_run_attempts a
+               WHERE a.run_id = live.id
+                 AND regexp_replace(a.worker_id, ':[^:]*$', '') = %(worker)s::text
+               OFFSET 0)
+     ORDER BY live.created_at DESC, live.id DESC
      LIMIT %(limit)s)
     ORDER BY created_at DESC, id DESC
     LIMIT %(limit)s

@@ -1,7 +1,7 @@
 -- reconcile_expired_leases: converge the runs reconcile_expired_leases.lock locked.
 -- from: those run ids, still running | cancel_requested
 -- to:   failed / worker_lease_expired (at-least-once message), lease cleared; every open
---       attempt -> lease_expired; wakes agent_runs_finished with each run's id
+--       attempt -> lease_expired; wakes agent_runs_finished for each run someone waits for
 -- returns: the converged runs as they are now, by id
 -- notes: sql/README.md (clock, CASE not IN, data-modifying CTEs, lock order, wake-ups)
 WITH clock AS (
@@ -31,6 +31,7 @@ attempts AS (
 ),
 notified AS (
     SELECT pg_notify('agent_runs_finished', converged.id) FROM converged
+    WHERE agent_run_waiters_take(converged.id)
 )
 SELECT converged.* FROM converged
 WHERE (SELECT count(*) FROM notified) >= 0

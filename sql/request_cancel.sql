@@ -1,6 +1,6 @@
 -- request_cancel: cancel a run at once if it never started, else ask its owner to.
 -- from: pending | running (cancel_requested and terminal runs stay unchanged)
--- to:   pending never started -> cancelled (wakes agent_runs_finished); else cancel_requested
+-- to:   pending never started -> cancelled (wakes its waiters); else cancel_requested
 --       (an ownerless one wakes agent_runs_claimable: its claimer finishes it cancelled)
 -- returns: no row for a missing run, else the run as it is now
 -- notes: sql/README.md (clock, data-modifying CTEs, wake-ups)
@@ -23,12 +23,14 @@ changed AS (
     RETURNING r.*, locked.never_started
 ),
 notified AS (
-    -- An owned run notifies nothing: its owner sees the request on its next heartbeat.
+    -- An owned run notifies nothing: its owner sees the request on its next heartbeat. A
+    -- cancelled one only if someone waits for it.
     SELECT CASE WHEN changed.never_started
                 THEN pg_notify('agent_runs_finished', changed.id)
                 ELSE pg_notify('agent_runs_claimable', changed.agent_slug) END
     FROM changed
-    WHERE changed.never_started OR changed.worker_id IS NULL
+    WHERE CASE WHEN changed.never_started THEN agent_run_waiters_take(changed.id)
+               ELSE changed.worker_id IS NULL END
 )
 SELECT changed.* FROM changed
 WHERE (SELECT count(*) FROM notified) >= 0

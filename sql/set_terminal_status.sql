@@ -51,6 +51,7 @@ refused AS (
 ),
 notified AS (
     SELECT pg_notify('agent_runs_finished', finished.id) FROM finished
+    WHERE agent_run_waiters_take(finished.id)
 )
 SELECT true AS changed, finished.* FROM finished
 WHERE (SELECT count(*) FROM notified) >= 0

@@ -69,7 +69,7 @@ class _Databases:
 
     Cloning a template copies the whole database (system catalogs included), which is slow on
     a busy disk. A clone a test has finished with is therefore recycled when it can be proven
-    pristine again: its connections are cut, the two tables truncated, its catalog compared
+    pristine again: its connections are cut, the tables truncated, its catalog compared
     with the template's, and it is renamed, so the finished test's URL stops working. Anything
     unexpected (a changed schema, a setting, statistics, a session that will not leave) and
     the clone is dropped instead. Every test still gets a migrated, empty database of its own.
@@ -164,10 +164,13 @@ class _Databases:
                 return False
             touched = conn.execute(
                 "SELECT EXISTS (SELECT FROM agent_runs) OR EXISTS (SELECT FROM agent_run_attempts)"
+                " OR EXISTS (SELECT FROM agent_run_waiters)"
                 " OR (SELECT is_called FROM agent_run_attempts_id_seq)"
             ).fetchone()
             if touched is None or touched[0]:
-                conn.execute("TRUNCATE agent_runs, agent_run_attempts RESTART IDENTITY")
+                conn.execute(
+                    "TRUNCATE agent_runs, agent_run_attempts, agent_run_waiters RESTART IDENTITY"
+                )
         return True
 
     def close(self) -> None:

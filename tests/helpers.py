@@ -165,3 +165,12 @@ def assert_refused_before_sql(dsn: str, argument: str, call: Call) -> None:
         assert argument in str(refused), str(refused)
     else:
         raise AssertionError(f"not refused: {argument}")
+
+
+def register_waiter(connection: psycopg.Connection[Any], run_id: str) -> str:
+    """Register interest in the run's end as wait_for_run does; returns the waiter id."""
+    from agent_runs import waiters
+
+    waiter_id = waiters.new_waiter_id()
+    assert waiters.register(connection, run_id, waiter_id, 60.0)
+    return waiter_id

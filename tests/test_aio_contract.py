@@ -1,8 +1,9 @@
 """The repository's contract against both faces, in one suite: the rule-by-rule tests of
-test_repository.py and test_operations.py are collected here again, each run with this module's
-`repo` fixture: AgentRunRepository, AsyncAgentRunRepository (called through a blocking adapter
-on a private event loop) and, where PgBouncer is installed, AsyncAgentRunRepository through
-PgBouncer in transaction mode. Not a copy: the same test functions."""
+test_repository.py, test_operations.py and test_create_runs.py are collected here again, each
+run with this module's `repo` fixture: AgentRunRepository, AsyncAgentRunRepository (called
+through a blocking adapter on a private event loop) and, where PgBouncer is installed,
+AsyncAgentRunRepository through PgBouncer in transaction mode. Not a copy: the same test
+functions."""
 
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ from agent_runs import AgentRunRepository, InvalidArgument, ThreadBusy, aio
 from agent_runs.devtools.pgbouncer import PgBouncer, pgbouncer, pgbouncer_binary
 from bench.protocol import traced
 from tests.helpers import OWNER, Call, Runs, new_run, row_counts
+from tests.test_create_runs import (  # noqa: F401 - collected here with this module's repo
+    listener,
+    test_a_busy_thread_refuses_the_whole_batch_naming_the_item,
+    test_a_missing_parent_or_a_taken_run_id_is_refused_naming_the_item,
+    test_a_repeated_item_does_not_make_its_thread_busy_for_a_later_one,
+    test_parents_may_be_runs_of_the_same_batch,
+)
 from tests.test_operations import (  # noqa: F401 - collected here with this module's repo
     listed,
     test_cancel_tree_of_an_unknown_run_is_refused,

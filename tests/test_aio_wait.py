@@ -147,3 +147,22 @@ def test_wait_for_run_refuses_a_connection_inside_a_transaction(dsn: str) -> Non
                 await aio.wait_for_run(aconn, "any", timeout_seconds=1)
 
     _on_connection(dsn, body)
+
+
+def test_wait_for_run_registers_its_interest_while_it_waits_and_removes_it(
+    dsn: str, repo: AgentRunRepository, observer: Conn
+) -> None:
+    """A run's end notifies only registered waiters (agent_runs.waiters): the async waiter
+    registers before its first read and leaves no registration behind."""
+    run = new_run(repo)
+    count = "SELECT count(*) FROM agent_run_waiters WHERE run_id = %s"
+    seen: list[object] = []
+
+    def finish() -> None:
+        seen.append(observer.execute(count, [run.id]).fetchone())
+        repo.request_cancel(run.id)
+
+    done, _ = asyncio.run(_wait_while(dsn, run.id, 30, finish))
+    assert done.status == RunStatus.CANCELLED
+    assert seen == [(1,)]
+    assert observer.execute(count, [run.id]).fetchone() == (0,)

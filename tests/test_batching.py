@@ -26,6 +26,7 @@ from tests.helpers import (
     at,
     new_run,
     read_state,
+    register_waiter,
     wait_until,
 )
 
@@ -235,22 +236,31 @@ def test_finish_runs_writes_what_set_terminal_status_writes(
     assert "[truncated 808 characters]" in batched[0]["error_message"]
 
 
-def test_finish_runs_notifies_each_finished_run(
+def test_finish_runs_notifies_each_finished_run_someone_waits_for(
     repo: AgentRunRepository, dsn: str, t0: datetime
 ) -> None:
-    runs = [new_run(repo) for _ in range(3)]
-    repo.claim_next_attempts(worker_ids=["a:1", "b:2", "c:3"], lease_seconds=30)
+    runs = [new_run(repo) for _ in range(4)]
+    repo.claim_next_attempts(worker_ids=["a:1", "b:2", "c:3", "d:4"], lease_seconds=30)
     with psycopg.connect(dsn, autocommit=True) as listener:
         listener.execute("LISTEN agent_runs_finished")
+        for run in runs[:3]:
+            register_waiter(listener, run.id)
         finished = repo.finish_runs(
             [
                 Finish(runs[0].id, "a:1", "completed"),
                 Finish(runs[1].id, "b:2", "failed", "e", "m"),
                 Finish(runs[2].id, "somebody-else", "completed"),
+                Finish(runs[3].id, "d:4", "completed"),  # nobody waits: no notification
             ]
         )
-        heard = {n.payload for n in listener.notifies(timeout=1.0, stop_after=2)}
-    assert heard == set(finished) == {runs[0].id, runs[1].id}
+        listener.execute("SELECT pg_notify('agent_runs_finished', 'end')")  # arrives last
+        heard: list[str] = []
+        for note in listener.notifies(timeout=10.0):
+            if note.payload == "end":
+                break
+            heard.append(note.payload)
+    assert set(finished) == {runs[0].id, runs[1].id, runs[3].id}
+    assert sorted(heard) == sorted([runs[0].id, runs[1].id])
 
 
 def test_batched_statements_keep_one_generic_plan(

@@ -167,3 +167,45 @@ def test_runs_by_status_never_walk_the_half_that_cannot_hold_them(
         if n.get("Relation Name") == "agent_runs" and n.get("Actual Loops", 0) > 0
     ]
     assert len(executed) == 1, executed  # one half read, the other never started
+
+
+_LIVE_BY_EIGHT_WORKERS: Final = """
+WITH live AS (
+    INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid, status, worker_id,
+                            heartbeat_at, lease_expires_at, started_at, created_at)
+    SELECT 'live-' || i, 'live-req-' || i, 'live-thread-' || i, 'agent', 'user', 'running',
+           'host-' || mod(i, 8) || ':' || i, now(), now() + interval '5 minutes', now(),
+           now() - interval '1 hour' + i * interval '1 second'
+    FROM generate_series(1, 800) AS i
+    RETURNING id, worker_id, heartbeat_at, lease_expires_at, started_at
+)
+INSERT INTO agent_run_attempts (run_id, attempt_no, worker_id, started_at, heartbeat_at,
+                                lease_expires_at)
+SELECT id, 1, worker_id, started_at, heartbeat_at, lease_expires_at FROM live;
+ANALYZE agent_runs;
+ANALYZE agent_run_attempts;
+"""
+
+
+def test_the_worker_filter_probes_live_runs_newest_first_and_stops(
+    observer: Conn,
+) -> None:
+    """/runs?worker=NAME: live runs (read whole through ix_agent_runs_live, which has no order)
+    are sorted first and probed for the worker's attempts newest first until the page is full,
+    not every live run probed before the sort (10,000 probes: over the 50 ms target)."""
+    observer.execute(_LIVE_BY_EIGHT_WORKERS)
+    params = {**_list_params(["running"]), "worker": "host-3", "limit": 10}
+    row = observer.execute(
+        "EXPLAIN (ANALYZE, FORMAT JSON, TIMING OFF)\n" + query("list_runs"), params
+    ).fetchone()
+    assert row is not None
+    plan = (row[0] if not isinstance(row[0], str) else json.loads(row[0]))[0]["Plan"]
+    probes = sum(
+        n.get("Actual Loops", 0)
+        for n in _nodes(plan)
+        if n.get("Relation Name") == "agent_run_attempts" and "worker" in str(n.get("Filter", ""))
+    )
+    # Ten matches among eight workers interleaved: about 80 probes, never all 800 live runs.
+    assert 10 <= probes <= 120, probes
+    page = observer.execute(query("list_runs"), params).fetchall()
+    assert [r[0] for r in page] == [f"live-{i}" for i in range(795, 714, -8)][:10]

@@ -15,7 +15,7 @@ from psycopg_pool import ConnectionPool
 
 from agent_runs import AgentRun, AgentRunRepository, RunStatus, create_pool
 from agent_runs import db as agent_runs_db
-from agent_runs.repository import new_run_id
+from agent_runs.ids import new_run_id
 from agent_runs.worker import AgentResult, RunContext, Worker
 from agent_runs.worker.heartbeat import HeartbeatService
 

@@ -28,6 +28,8 @@ ALL = [
     "0008_operator_indexes_skip_live",
     "0009_lineage_is_a_tree",
     "0010_trace_context",
+    "0011_run_waiters",
+    "0012_compact_time_checks",
 ]
 AFTER_0001 = ALL[1:]
 AFTER_0002 = ALL[2:]
@@ -93,7 +95,7 @@ def test_every_migration_has_a_rollback_file() -> None:
 def test_migrations_apply_to_an_empty_database(blank_dsn: str) -> None:
     assert relations(blank_dsn) == set()
     assert apply_migrations(blank_dsn) == ALL
-    assert relations(blank_dsn) == {"agent_runs", "agent_run_attempts"}
+    assert relations(blank_dsn) == {"agent_runs", "agent_run_attempts", "agent_run_waiters"}
     items = schema(blank_dsn)
     assert any(item.startswith("trigger ") for item in items)
     assert any("uq_agent_run_attempts_run_attempt_no" in item for item in items)
@@ -258,7 +260,7 @@ def test_a_key_value_dsn_becomes_a_url_that_migrations_accept(blank_dsn: str) ->
     assert url.startswith("postgresql://")
     assert conninfo_to_dict(url) == conninfo_to_dict(blank_dsn)
     assert apply_migrations(url) == ALL
-    assert relations(blank_dsn) == {"agent_runs", "agent_run_attempts"}
+    assert relations(blank_dsn) == {"agent_runs", "agent_run_attempts", "agent_run_waiters"}
 
 
 def _bounds_objects(url: str) -> list[str]:
@@ -328,3 +330,106 @@ def test_rolling_back_0003_keeps_the_data_and_drops_only_its_bounds(blank_dsn: s
         conn.execute("UPDATE agent_runs SET lease_expires_at = %s", (T0,))
     assert sorted(apply_migrations(blank_dsn)) == ALL[ALL.index("0003_timestamp_bounds") :]
     assert schema(blank_dsn) == full
+
+
+_WINDOW_EDGES = [
+    None,
+    "-infinity",
+    "1999-12-31 23:59:59.999999Z",
+    "2000-01-01 00:00Z",
+    "2026-12-05 12:00+05:30",
+    "8999-12-31 23:59:59.999999Z",
+    "9000-01-01 00:00Z",
+    "infinity",
+]
+_TIMESTAMPS = {
+    "agent_runs": [
+        "created_at",
+        "updated_at",
+        "heartbeat_at",
+        "lease_expires_at",
+        "manifest_recorded_at",
+        "started_at",
+        "finished_at",
+    ],
+    "agent_run_attempts": [
+        "started_at",
+        "created_at",
+        "updated_at",
+        "heartbeat_at",
+        "lease_expires_at",
+        "finished_at",
+    ],
+}
+
+
+def _window_refusals(url: str) -> list[tuple[str, str, str | None, str]]:
+    """Which (table, column, value) the time-window CHECKs refuse, tried on a row of each table
+    (the other CHECKs switched off for the probe, inside a rolled-back transaction)."""
+    found = []
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid)"
+            " VALUES ('probe', 'probe', 'probe', 'a', 'u')"
+        )
+        conn.execute(
+            "INSERT INTO agent_run_attempts (run_id, attempt_no, worker_id, started_at)"
+            " VALUES ('probe', 1, 'w', now())"
+        )
+        for table, columns in _TIMESTAMPS.items():
+            others = conn.execute(
+                "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass"
+                " AND contype = 'c' AND conname NOT LIKE '%%timestamps_in_range'",
+                (table,),
+            ).fetchall()
+            for (name,) in others:
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
+                        sql.Identifier(table), sql.Identifier(name)
+                    )
+                )
+            conn.execute(
+                sql.SQL("ALTER TABLE {} DISABLE TRIGGER USER").format(sql.Identifier(table))
+            )
+            for column in columns:
+                for value in _WINDOW_EDGES:
+                    try:
+                        with conn.transaction():
+                            conn.execute(
+                                sql.SQL("UPDATE {} SET {} = %s::timestamptz").format(
+                                    sql.Identifier(table), sql.Identifier(column)
+                                ),
+                                (value,),
+                            )
+                        outcome = "stored"
+                    except psycopg.errors.CheckViolation as exc:
+                        assert exc.diag.constraint_name == f"ck_{table}_timestamps_in_range"
+                        outcome = "refused"
+                    except psycopg.errors.NotNullViolation:
+                        outcome = "not null"
+                    found.append((table, column, value, outcome))
+        conn.rollback()
+    return found
+
+
+def test_0012_refuses_exactly_what_0003s_time_window_refused_and_rolls_back_exactly(
+    blank_dsn: str,
+) -> None:
+    apply_migrations(blank_dsn)
+    compact, compact_schema = _window_refusals(blank_dsn), schema(blank_dsn)
+    assert rollback_migrations(blank_dsn, count=1) == ["0012_compact_time_checks"]
+    verbose = _window_refusals(blank_dsn)
+    assert compact == verbose
+    outcomes = {(t, c, v): o for t, c, v, o in compact}
+    assert outcomes["agent_runs", "heartbeat_at", "infinity"] == "refused"
+    assert outcomes["agent_runs", "heartbeat_at", "1999-12-31 23:59:59.999999Z"] == "refused"
+    assert outcomes["agent_runs", "heartbeat_at", None] == "stored"
+    assert outcomes["agent_run_attempts", "started_at", None] == "not null"
+    assert outcomes["agent_runs", "finished_at", "8999-12-31 23:59:59.999999Z"] == "stored"
+    assert outcomes["agent_run_attempts", "finished_at", "9000-01-01 00:00Z"] == "refused"
+    rolled_back = schema(blank_dsn)
+    assert rollback_migrations(blank_dsn, count=1) == ["0011_run_waiters"]
+    assert apply_migrations(blank_dsn) == ["0011_run_waiters", "0012_compact_time_checks"]
+    assert schema(blank_dsn) == compact_schema
+    assert rollback_migrations(blank_dsn, count=1) == ["0012_compact_time_checks"]
+    assert schema(blank_dsn) == rolled_back

@@ -18,7 +18,7 @@ import agent_runs
 from agent_runs import AgentRunRepository, InvalidArgument, RunStatus
 from agent_runs import notify as notify_module
 from agent_runs.notify import CLAIMABLE_CHANNEL, FINISHED_CHANNEL, Wakeups, wait_for_run
-from tests.helpers import new_run, wait_until
+from tests.helpers import new_run, register_waiter, wait_until
 
 Conn = psycopg.Connection[Any]
 SENTINEL = "sentinel-end-of-batch"
@@ -101,6 +101,7 @@ def test_release_and_terminal_transitions_notify_and_the_hot_path_does_not(
     refused = repo.set_terminal_status(run.id, status="completed", worker_id="intruder")
     assert not refused.changed
     assert received(listener, observer) == []
+    register_waiter(observer, run.id)  # the end of a run nobody waits for sends nothing
     done = repo.set_terminal_status(run.id, status="completed", worker_id="w2")
     assert done.changed
     assert received(listener, observer) == [(FINISHED_CHANNEL, run.id)]
@@ -113,8 +114,14 @@ def test_request_cancel_notifies_by_what_it_leaves(
 ) -> None:
     repo = any_repo
     never_started, owned, released = (new_run(repo, agent_slug=s) for s in ("a", "b", "c"))
+    unwatched = new_run(repo, agent_slug="d")
     received(listener, observer)
 
+    gone = repo.request_cancel(unwatched.id)
+    assert gone is not None and gone.status == RunStatus.CANCELLED
+    assert received(listener, observer) == []  # nobody waits for it
+
+    register_waiter(observer, never_started.id)
     cancelled = repo.request_cancel(never_started.id)
     assert cancelled is not None and cancelled.status == RunStatus.CANCELLED
     assert received(listener, observer) == [(FINISHED_CHANNEL, never_started.id)]
@@ -136,18 +143,21 @@ def test_request_cancel_notifies_by_what_it_leaves(
     assert received(listener, observer) == []
 
 
-def test_each_run_the_reconciler_converges_notifies_finished(
+def test_each_waited_for_run_the_reconciler_converges_notifies_finished(
     any_repo: AgentRunRepository, listener: Conn, observer: Conn, t0: datetime
 ) -> None:
     repo = any_repo
-    runs = [new_run(repo) for _ in range(3)]
-    for i, run in enumerate(runs[:2]):
+    runs = [new_run(repo) for _ in range(4)]
+    for i, run in enumerate(runs[:3]):
         assert repo.mark_running(run.id, worker_id=f"w{i}", lease_seconds=5, now=t0).acquired
+    for run in (runs[0], runs[1], runs[3]):
+        register_waiter(observer, run.id)
     received(listener, observer)
     converged = repo.reconcile_expired_leases(now=t0 + timedelta(seconds=10))
-    assert sorted(r.id for r in converged) == sorted(r.id for r in runs[:2])
+    assert sorted(r.id for r in converged) == sorted(r.id for r in runs[:3])
     assert sorted(received(listener, observer)) == sorted(
-        (FINISHED_CHANNEL, r.id) for r in runs[:2]
+        (FINISHED_CHANNEL, r.id)
+        for r in runs[:2]  # runs[2]: converged, nobody waits
     )
     assert repo.reconcile_expired_leases(now=t0 + timedelta(seconds=10)) == []
     assert received(listener, observer) == []

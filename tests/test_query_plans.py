@@ -17,6 +17,7 @@ from typing import Any, Final, LiteralString
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 import agent_runs
 from agent_runs import AgentRunRepository
@@ -258,6 +259,23 @@ def test_finish_runs_looks_up_each_run_and_attempt_of_the_batch(seeded: Conn, mo
     plan = _plan(seeded, "finish_runs", params, mode)
     _assert_lookups(plan, "agent_runs", "id")
     _assert_lookups(plan, "agent_run_attempts", "run_id")
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
+def test_create_runs_looks_up_each_request_id_of_the_batch(seeded: Conn, mode: str) -> None:
+    count = 10
+    params = {
+        "run_ids": [f"new-{i}" for i in range(count)],
+        "request_ids": ["done-req-1", *(f"new-req-{i}" for i in range(1, count))],
+        "thread_ids": [f"new-thread-{i}" for i in range(count)],
+        "agent_slugs": ["agent-0"] * count,
+        "uids": ["user"] * count,
+        "run_types": ["chat"] * count,
+        "created_by_run_ids": [None] * count,
+        "input_payloads": Jsonb([{}] * count),
+    }
+    plan = _plan(seeded, "create_runs", params, mode)
+    _assert_lookups(plan, "agent_runs", "request_id")
 
 
 @pytest.mark.parametrize("mode", PLAN_MODES)

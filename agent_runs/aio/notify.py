@@ -10,8 +10,10 @@ import time
 from typing import Any
 
 import psycopg
+from psycopg import errors as pg_errors
 
 from agent_runs import validation as check
+from agent_runs import waiters
 from agent_runs.aio.driver import idle
 from agent_runs.aio.repository import AsyncAgentRunRepository
 from agent_runs.errors import InvalidArgument
@@ -42,9 +44,14 @@ async def wait_for_run(
     if not conn.autocommit or not idle(conn):
         raise InvalidArgument("conn must be an idle autocommit connection (LISTEN needs it)")
     waiter = _Waiter(conn, run_id, deadline=time.monotonic() + timeout)
-    # LISTEN before the first read: a run that ends after the read is then always notified.
-    await conn.execute(_LISTEN_FINISHED, prepare=False)
+    # Register, then LISTEN, before the first read (as agent_runs.notify.wait_for_run): a run
+    # that ends after the read is then always notified (its end notifies only registered runs),
+    # one that ended before LISTEN is terminal in the read.
+    waiter_id = waiters.new_waiter_id()
+    registered = False
     try:
+        registered = await _register(conn, run_id, waiter_id, timeout)
+        await conn.execute(_LISTEN_FINISHED, prepare=False)
         run = await waiter.read("no such run")
         while not run.is_terminal:
             if time.monotonic() >= waiter.deadline:
@@ -55,7 +62,7 @@ async def wait_for_run(
             run = await waiter.read("the run was deleted while waiting")
         return run
     finally:
-        await _unlisten(conn)
+        await _unlisten(conn, (run_id, waiter_id) if registered else None)
 
 
 class _Waiter:
@@ -99,11 +106,30 @@ class _Waiter:
                 return
 
 
-async def _unlisten(conn: psycopg.AsyncConnection[Any]) -> None:
-    """UNLISTEN on a connection left idle; close one a cancellation left anywhere else."""
+async def _register(
+    conn: psycopg.AsyncConnection[Any], run_id: str, waiter_id: str, timeout: float
+) -> bool:
+    """agent_runs.waiters.register on an async connection (same statement, same lock wait)."""
+    lock_wait, sql, params = waiters.register_statement(run_id, waiter_id, timeout)
+    try:
+        async with conn.transaction():
+            await conn.execute(waiters.LOCK_TIMEOUT, [lock_wait], prepare=False)
+            cur = await conn.execute(sql, params, prepare=False)
+            return waiters.registered(await cur.fetchone())
+    except pg_errors.LockNotAvailable:
+        raise waiters.locked_too_long(run_id, timeout) from None
+
+
+async def _unlisten(
+    conn: psycopg.AsyncConnection[Any], registration: tuple[str, str] | None
+) -> None:
+    """Unregister and UNLISTEN on a connection left idle; close one a cancellation left anywhere
+    else (a registration left behind expires, see agent_runs.waiters)."""
     if conn.closed:
         return
     if idle(conn) and not conn.broken:
+        if registration is not None:
+            await conn.execute(*waiters.unregister_statement(*registration), prepare=False)
         await conn.execute(_UNLISTEN_FINISHED, prepare=False)
     else:
         await conn.close()

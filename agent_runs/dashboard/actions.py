@@ -22,7 +22,7 @@ from starlette.responses import RedirectResponse, Response
 
 from agent_runs.dashboard import data
 from agent_runs.dashboard.common import REPLICA_NOTE, guarded, settings
-from agent_runs.dashboard.guard import SESSION_COOKIE, session_value
+from agent_runs.dashboard.guard import SESSION_COOKIE, dashboard_root, session_value
 from agent_runs.dashboard.params import only
 from agent_runs.dashboard.render import error_page, page
 from agent_runs.dashboard.run_page import _found, _run_id
@@ -41,7 +41,7 @@ def csrf_token(secret: bytes, action: str, run_id: str, issued: int | None = Non
 
 def _csrf_valid(secret: bytes, action: str, run_id: str, token: str) -> bool:
     issued_text, _, _mac = token.partition(".")
-    if not issued_text.isdigit() or len(issued_text) > 12:
+    if not (issued_text.isascii() and issued_text.isdigit()) or len(issued_text) > 12:
         return False
     issued = int(issued_text)
     if not 0 <= time.time() - issued <= CSRF_SECONDS:
@@ -168,14 +168,14 @@ def _off(request: Request) -> Response:
 def login_form(request: Request) -> Response:
     config = settings(request)
     if config.token is None:
-        return RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
+        return RedirectResponse(f"{dashboard_root(request.scope)}/", status_code=303)
     return page(config.env, request.scope, "login.html", {"nav": "", "failed": False})
 
 
 async def login(request: Request) -> Response:
     config = settings(request)
     if config.token is None:
-        return RedirectResponse(f"{request.scope.get('root_path', '')}/", status_code=303)
+        return RedirectResponse(f"{dashboard_root(request.scope)}/", status_code=303)
     if not same_origin(request):
         return error_page(config.env, request, 403, "Refused", "log in from the dashboard's form")
     given = (await _form(request)).get("token", "")
@@ -183,7 +183,7 @@ async def login(request: Request) -> Response:
         return page(
             config.env, request.scope, "login.html", {"nav": "", "failed": True}, status=401
         )
-    root = request.scope.get("root_path", "")
+    root = dashboard_root(request.scope)
     response = RedirectResponse(f"{root}/", status_code=303)
     response.set_cookie(
         SESSION_COOKIE,
@@ -200,7 +200,7 @@ async def logout(request: Request) -> Response:
     config = settings(request)
     if not same_origin(request):
         return error_page(config.env, request, 403, "Refused", "log out from the dashboard's form")
-    root = request.scope.get("root_path", "")
+    root = dashboard_root(request.scope)
     response = RedirectResponse(f"{root}/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path=f"{root}/", httponly=True, samesite="strict")
     return response

@@ -9,8 +9,9 @@ from typing import Final
 
 from psycopg_pool import ConnectionPool
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Scope
@@ -19,8 +20,26 @@ from agent_runs.dashboard import actions, pages, run_page
 from agent_runs.dashboard.common import Settings
 from agent_runs.dashboard.data import Cached
 from agent_runs.dashboard.guard import Guard
-from agent_runs.dashboard.render import error_page, make_environment
+from agent_runs.dashboard.render import DOT_IDS, DOT_MARK, error_page, make_environment
 from agent_runs.errors import InvalidArgument
+
+
+class _RunIdConvertor(Convertor[str]):
+    """A run id in the path: any text, line breaks included (`path`'s `.*` stops at one);
+    an id of only dots comes with DOT_MARK after it."""
+
+    regex = r"[\s\S]*"
+
+    def convert(self, value: str) -> str:
+        if value.endswith(DOT_MARK) and value[: -len(DOT_MARK)] in DOT_IDS:
+            return value[: -len(DOT_MARK)]  # "..": see render.run_segment
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("agent_runs_run_id", _RunIdConvertor())
 
 STATIC_DIR: Final = Path(__file__).resolve().parent / "static"
 _TITLES: Final = {
@@ -31,6 +50,10 @@ _TITLES: Final = {
     405: "Method not allowed",
     500: "Internal error",
 }
+
+
+def _favicon(request: Request) -> Response:
+    return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
 
 
 def create_app(
@@ -63,18 +86,21 @@ def create_app(
     routes: list[BaseRoute] = [
         Route("/", pages.overview, name="overview"),
         Route("/runs", pages.runs, name="runs"),
-        Route("/runs/{run_id:path}", run_page.run_page, name="run"),
-        Route("/tree/{run_id:path}", run_page.tree_page, name="tree"),
-        Route("/json/{kind}/{run_id:path}", run_page.document, name="document"),
+        Route("/runs/{run_id:agent_runs_run_id}", run_page.run_page, name="run"),
+        Route("/tree/{run_id:agent_runs_run_id}", run_page.tree_page, name="tree"),
+        Route("/json/{kind}/{run_id:agent_runs_run_id}", run_page.document, name="document"),
         Route("/workers", pages.workers, name="workers"),
         Route("/healthz", pages.healthz, name="healthz"),
+        # Browsers ask for /favicon.ico on pages that name no icon (the JSON views): a 404
+        # there is a console error.
+        Route("/favicon.ico", _favicon),
         Route("/login", actions.login_form, methods=["GET"]),
         Route("/login", actions.login, methods=["POST"]),
         Route("/logout", actions.logout, methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     for action in actions.ACTIONS:
-        path = f"/{action}/{{run_id:path}}"
+        path = f"/{action}/{{run_id:agent_runs_run_id}}"
         routes.append(Route(path, actions.confirmer(action), methods=["GET"]))
         routes.append(Route(path, actions.performer(action), methods=["POST"]))
 

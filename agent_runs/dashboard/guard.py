@@ -24,8 +24,9 @@ SECURITY_HEADERS: Final = (
     (b"x-frame-options", b"DENY"),
 )
 SESSION_COOKIE: Final = "agent_runs_session"
-# Reached without a token: the login form, and the style sheet and script it uses.
-_OPEN_PREFIXES: Final = ("/login", "/static/")
+# Reached without a token: the login form, and the icon, style sheet and script it uses.
+_OPEN_PATHS: Final = frozenset({"/login", "/favicon.ico"})
+_OPEN_PREFIX: Final = "/static/"
 # Methods with side effects are refused everywhere, except POST (login, cancel: the routes
 # that take it check their own rules; every other route answers POST with 405).
 _SAFE_METHODS: Final = frozenset({"GET", "HEAD"})
@@ -35,10 +36,21 @@ _FALLBACK_PAGE: Final = (
 )
 
 
+# The scope key where the Guard keeps the dashboard's own mount point: Starlette's inner
+# mounts (/static) extend root_path, and links must still start at the dashboard's root.
+ROOT_KEY: Final = "agent_runs.dashboard_root"
+
+
+def dashboard_root(scope: Scope) -> str:
+    """The prefix the dashboard is mounted under ("" when served alone)."""
+    root: str = scope.get(ROOT_KEY, scope.get("root_path", ""))
+    return root
+
+
 def route_path(scope: Scope) -> str:
     """The path inside the dashboard, whatever prefix it is mounted under."""
     path: str = scope.get("path", "")
-    root: str = scope.get("root_path", "")
+    root = dashboard_root(scope)
     if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):
         return path[len(root) :] or "/"
     return path
@@ -84,6 +96,7 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope = {**scope, ROOT_KEY: scope.get("root_path", "")}
         started = False
 
         async def send_secured(message: Message) -> None:
@@ -104,7 +117,8 @@ class Guard:
             headers = dict(scope.get("headers", []))
             if (
                 self.token is not None
-                and not path.startswith(_OPEN_PREFIXES)
+                and path not in _OPEN_PATHS
+                and not path.startswith(_OPEN_PREFIX)
                 and not authorized(headers, self.token)
             ):
                 await self._refused(scope, send_secured, 401, "log in to see this page")

@@ -157,7 +157,10 @@ def runs_query(params: QueryParams) -> RunsQuery:
     limit_text = single(params, "limit")
     limit = DEFAULT_LIMIT
     if limit_text:
-        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_LIST_LIMIT:
+        if (
+            not (limit_text.isascii() and limit_text.isdigit())
+            or not 1 <= int(limit_text) <= MAX_LIST_LIMIT
+        ):
             raise BadParameter("limit", f"limit must be an integer from 1 to {MAX_LIST_LIMIT}")
         limit = int(limit_text)
     query = RunsQuery(

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from agent_runs.dashboard import text
-from agent_runs.dashboard.guard import route_path
+from agent_runs.dashboard.guard import dashboard_root, route_path
 from agent_runs.models import AttemptOutcome, RunStatus
 
 TEMPLATES_DIR: Final = Path(__file__).resolve().parent / "templates"
@@ -26,6 +26,19 @@ REFRESH_SECONDS: Final = 5
 def segment(value: object) -> str:
     """A value as one URL path segment or query value of our own links (percent-encoded)."""
     return quote(str(value), safe="")
+
+
+# A run id of only dots is a dot segment to a browser (even as %2E), which drops it from the
+# URL; such an id is written with a NUL after it, which no stored id can hold (the route's
+# convertor takes it off again).
+DOT_IDS: Final = frozenset({".", ".."})
+DOT_MARK: Final = "\x00"
+
+
+def run_segment(run_id: object) -> str:
+    """A run id as the last path segment of our links to its pages."""
+    text = str(run_id)
+    return segment(text + DOT_MARK if text in DOT_IDS else text)
 
 
 _KNOWN_STATES: Final = frozenset(
@@ -52,6 +65,7 @@ def make_environment() -> Environment:
         iso=text.iso,
         json_text=text.json_text,
         seg=segment,
+        idseg=run_segment,
         duration=text.duration,
         state=state_class,
     )
@@ -74,7 +88,7 @@ def page(
     settings = getattr(state, "dashboard", None) if state is not None else None
     full = {
         "nav": "",
-        "base": scope.get("root_path", ""),
+        "base": dashboard_root(scope),
         "path": route_path(scope),
         "now": now,
         "ago": lambda value: text.ago(value, now),

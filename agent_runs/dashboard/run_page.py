@@ -21,6 +21,9 @@ from agent_runs.explain import explain_run
 from agent_runs.models import AgentRun
 
 DOCUMENTS: Final = ("payload", "manifest", "run")
+# Latest attempts shown on a run page (a crash-looping run may hold thousands: the page stays
+# bounded; `agent-runs attempts` lists them all).
+ATTEMPTS_SHOWN: Final = 100
 _JSON: Final = "application/json; charset=utf-8"
 
 
@@ -60,6 +63,7 @@ def run_page(request: Request) -> Response:
         tree = data.tree(reader, run_id, data.TREE_ON_RUN_PAGE + 1)
         recovery = data.in_recovery(reader)
     last_owner = attempts[-1].worker_id if attempts else run.worker_id
+    shown = attempts[-ATTEMPTS_SHOWN:]
     return page(
         config.env,
         request.scope,
@@ -68,10 +72,11 @@ def run_page(request: Request) -> Response:
             "nav": "runs",
             "now": now,
             "run": run,
-            "attempts": attempts,
+            "attempts": shown,
+            "earlier_attempts": len(attempts) - len(shown),
             "live_page": True,
             "explanation": explain_run(run, attempts),
-            "timeline": attempt_timeline(attempts, now),
+            "timeline": attempt_timeline(shown, now),
             "parent": parent,
             "parent_missing": run.created_by_run_id is not None and parent is None,
             "children": children[: data.CHILDREN],
