@@ -253,7 +253,9 @@ def test_finish_runs_notifies_each_finished_run_someone_waits_for(
                 Finish(runs[3].id, "d:4", "completed"),  # nobody waits: no notification
             ]
         )
-        listener.execute("SELECT pg_notify('agent_runs_finished', 'end')")  # arrives last
+        # Sent by another session (committed after the batch: it arrives last). psycopg before
+        # 3.2.2 drops notifications that arrive while the listener runs a statement of its own.
+        repo.conn.execute("SELECT pg_notify('agent_runs_finished', 'end')")
         heard: list[str] = []
         for note in listener.notifies(timeout=10.0):
             if note.payload == "end":

@@ -4,7 +4,9 @@ The package, one job per module: `protocol` (what an agent is and sees), `heartb
 held, renewed in batches, cancel requests seen), `outcome` (the decision, a pure function),
 `completer` (writing it with a proven lease), `claimer` (run_forever's claims, one statement for
 the free slots), `flusher` (the writer thread for handed-over ends), `batching` (run_once's group
-commit), `runtime` (the Worker and its loops).
+commit), `claims` (the claim statements, the lost-reply search), `executor` (one claimed run:
+cancel checks, the agent call, the end decided and handed), `reconciler` (the reconcile pass),
+`loop` (a run_forever thread), `runtime` (the Worker: construction, lifecycle, run_once).
 """
 
 from __future__ import annotations
