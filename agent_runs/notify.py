@@ -200,8 +200,9 @@ class Wakeups:
         """Start the listener thread (once)."""
         if self._thread is not None:
             raise RuntimeError("Wakeups already started")
-        self._thread = threading.Thread(target=self._listen, name="agent-runs-wakeups", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._listen, name="agent-runs-wakeups", daemon=True)
+        thread.start()  # kept only once started: close() never joins a thread that is not
+        self._thread = thread
 
     def wait(self, timeout: float) -> bool:
         """Block until a wake-up is taken (True), the timeout passes or interrupt() (False)."""

@@ -421,9 +421,8 @@ def test_cli_worker_refuses_an_absurd_concurrency_in_one_line(dsn: str) -> None:
 
 
 def test_cli_worker_that_cannot_start_a_thread_stops_the_started_ones_and_exits_1(
-    dsn: str, repo: AgentRunRepository
+    dsn: str,
 ) -> None:
-    run = new_run(repo, input_payload={"script": ["ok"]})
     address_space = 1024 * 1024 * 1024  # enough to start, too little for 1,000 thread stacks
 
     def limited() -> None:
@@ -443,5 +442,3 @@ def test_cli_worker_that_cannot_start_a_thread_stops_the_started_ones_and_exits_
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("agent-runs: worker: could not start thread"), last
     assert "stopped cleanly" in last
-    ended = repo.get_run(run.id)
-    assert ended is not None and ended.status in (RunStatus.PENDING, RunStatus.COMPLETED)

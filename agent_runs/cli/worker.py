@@ -176,7 +176,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         else f"poll every {worker.poll_seconds:g}s",
         worker.completion,
     )
-    threads, not_started = _start(threads)
+    threads, not_started = _start(worker, threads)
     if not_started is not None:  # stop the threads that did start, as SIGTERM would
         worker.request_stop()
         stop.set()
@@ -210,10 +210,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return worker.exit_code
 
 
-def _start(threads: list[threading.Thread]) -> tuple[list[threading.Thread], Exception | None]:
-    """Start `threads` in order; stops at the first that cannot start (the system's thread or
-    memory limit) and returns the started ones and that error."""
+def _start(
+    worker: Worker, threads: list[threading.Thread]
+) -> tuple[list[threading.Thread], Exception | None]:
+    """Start the worker's own threads, then `threads` in order; stops at the first that cannot
+    start (the system's thread or memory limit) and returns the started ones and that error."""
     started: list[threading.Thread] = []
+    try:
+        worker.start_threads()  # before any run is claimed: a refusal leaves nothing to undo
+    except RuntimeError as exc:
+        log.error("could not start the worker's own threads (%s); stopping", one_line(exc))
+        return started, exc
     for thread in threads:
         try:
             thread.start()

@@ -117,10 +117,9 @@ class Claimer:
         with self._changed:
             self._slots.append(slot)
             if self._thread is None and not self._closed:
-                self._thread = threading.Thread(
-                    target=self._loop, name="agent-runs-claimer", daemon=True
-                )
-                self._thread.start()
+                thread = threading.Thread(target=self._loop, name="agent-runs-claimer", daemon=True)
+                thread.start()  # kept only once started: close() never joins a thread that is not
+                self._thread = thread
             self._changed.notify_all()
         return slot
 

@@ -82,11 +82,7 @@ class Flusher:
                 self._changed.wait()
             if self._closing:
                 return False
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._loop, name="agent-runs-flusher", daemon=True
-                )
-                self._thread.start()
+            self._start()
             lease.finishing = True
             lease.written_later = True
             self._unwritten.add(id(lease))
@@ -111,6 +107,19 @@ class Flusher:
                     return False
                 self._changed.wait(left)
         return True
+
+    def start(self) -> None:
+        """Start the writer thread now rather than at the first end handed over (RuntimeError
+        when the system refuses a thread)."""
+        with self._changed:
+            if not self._closing:
+                self._start()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            thread = threading.Thread(target=self._loop, name="agent-runs-flusher", daemon=True)
+            thread.start()  # kept only once started: close() never joins a thread that is not
+            self._thread = thread
 
     def close(self, timeout: float | None = None) -> None:
         """Write everything handed over, then stop the thread."""

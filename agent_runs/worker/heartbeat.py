@@ -76,12 +76,20 @@ class HeartbeatService:
         lease = Lease(run_id, worker_id, self._lease_seconds, deadline)
         with self._lock:
             self._leases[worker_id] = lease
-            if self._thread is None and not self._closed.is_set():
-                self._thread = threading.Thread(
-                    target=self._loop, name="agent-runs-heartbeat", daemon=True
-                )
-                self._thread.start()
+            self._start()
         return lease
+
+    def start(self) -> None:
+        """Start the heartbeat thread now rather than at the first tracked lease (RuntimeError
+        when the system refuses a thread)."""
+        with self._lock:
+            self._start()
+
+    def _start(self) -> None:
+        if self._thread is None and not self._closed.is_set():
+            thread = threading.Thread(target=self._loop, name="agent-runs-heartbeat", daemon=True)
+            thread.start()  # kept only once started: close() never joins a thread that is not
+            self._thread = thread
 
     def untrack(self, lease: Lease) -> None:
         """The worker is done with this attempt (its end written, or nothing left to write)."""

@@ -150,6 +150,14 @@ class Worker:
         wakeups = self._wakeups
         return wakeups is not None and wakeups.listening
 
+    def start_threads(self) -> None:
+        """Start the worker's own threads now (heartbeat, writer, wake-up listener) rather than
+        at first use, so that a process short of threads fails before it claims anything
+        (RuntimeError; close() stops those that started)."""
+        self.heartbeat.start()
+        self.flusher.start()
+        self.listener()
+
     def request_stop(self) -> None:
         """Stop claiming and ask every executing agent to stop (SIGTERM/SIGINT)."""
         self._stopping.set()
