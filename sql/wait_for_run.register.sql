@@ -12,10 +12,23 @@ WITH registered AS (
       AND CASE r.status WHEN 'pending' THEN true WHEN 'running' THEN true
                         WHEN 'cancel_requested' THEN true END
     RETURNING run_id
-)
+),
 -- FOR SHARE waits for a finisher holding the run row (then this reads the run as it ended),
 -- or holds the row until the registration commits (then the finisher waits and sees it).
-SELECT r.id, EXISTS (SELECT FROM registered) AS registered
-FROM agent_runs r
-WHERE r.id = %(run_id)s::text
-FOR SHARE OF r
+locked AS (
+    SELECT r.id, r.status, r.worker_id, r.agent_slug
+    FROM agent_runs r
+    WHERE r.id = %(run_id)s::text
+    FOR SHARE OF r
+),
+-- A claimer that meets the row locked here skips it (SKIP LOCKED) and sleeps until its next
+-- wake-up: a run still claimable once locked is announced again, delivered when the lock goes.
+announced AS (
+    SELECT pg_notify('agent_runs_claimable', locked.agent_slug)
+    FROM locked
+    WHERE locked.status = 'pending'
+       OR (locked.status = 'cancel_requested' AND locked.worker_id IS NULL)
+)
+SELECT locked.id, EXISTS (SELECT FROM registered) AS registered
+FROM locked
+WHERE (SELECT count(*) FROM announced) >= 0

@@ -122,6 +122,9 @@ def test_request_cancel_notifies_by_what_it_leaves(
     assert received(listener, observer) == []  # nobody waits for it
 
     register_waiter(observer, never_started.id)
+    # A registration announces a claimable run again: a claimer that skipped the row while the
+    # registration held it (SKIP LOCKED) is woken once the lock is released.
+    assert received(listener, observer) == [(CLAIMABLE_CHANNEL, "a")]
     cancelled = repo.request_cancel(never_started.id)
     assert cancelled is not None and cancelled.status == RunStatus.CANCELLED
     assert received(listener, observer) == [(FINISHED_CHANNEL, never_started.id)]

@@ -132,8 +132,11 @@ def test_a_finisher_waiting_behind_a_registration_sees_it_and_notifies(
             wait_for_lock_waiters(observer, 1)  # the finisher waits for the registration
         thread.join(30)
         assert not thread.is_alive()
-        assert finisher.get_run(run_id).is_terminal  # type: ignore[union-attr]
-        assert received(listener, observer) == [(FINISHED_CHANNEL, run_id)]
+        ended = finisher.get_run(run_id)
+        assert ended is not None and ended.is_terminal
+        # A run that was still pending when registered is announced claimable again first.
+        announced = [(CLAIMABLE_CHANNEL, ended.agent_slug)] if how == "request_cancel" else []
+        assert received(listener, observer) == [*announced, (FINISHED_CHANNEL, run_id)]
         assert registrations(observer) == 0
 
 
