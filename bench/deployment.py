@@ -91,7 +91,7 @@ def deployment_targets(results: dict[str, Any]) -> list[Target]:
     if "ratios" in drain:
         nan = math.nan
         for key, label, threshold in (
-            ("durable_over_pgqueuer", "durable", 0.5),
+            ("durable_over_pgqueuer", "durable", 0.8),
             ("async_over_pgqueuer", "async completion", 1.0),
         ):
             found.append(
@@ -103,6 +103,17 @@ def deployment_targets(results: dict[str, Any]) -> list[Target]:
                     "x",
                 )
             )
+    durable = drain.get("queues", {}).get("agent_runs_durable", {})
+    if durable.get("worker_cpu_us_per_job") is not None:
+        found.append(
+            Target(
+                "drain, agent-runs worker process CPU per job (durable)",
+                durable["worker_cpu_us_per_job"],
+                80.0,
+                False,
+                " µs",
+            )
+        )
     beats = results.get("heartbeat_scale", {})
     if "batch_over_single" in beats:
         found.append(
