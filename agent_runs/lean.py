@@ -20,7 +20,8 @@ if TYPE_CHECKING:  # never imported at run time: telemetry off costs no import
 
 
 class LeanTransitions:
-    """get_run_by_owner, claim_next_attempt(s), renew_leases and finish_runs."""
+    """get_run_by_owner, claim_next_attempt(s), renew_leases, finish_runs and
+    finish_runs_and_claim."""
 
     if TYPE_CHECKING:
         telemetry: Telemetry | None
@@ -130,3 +131,46 @@ class LeanTransitions:
                 if finish.run_id in finished:
                     self.telemetry.ended(finish.worker_id, str(finish.status), finish.error_type)
         return finished
+
+    @planned
+    def finish_runs_and_claim(
+        self,
+        finishes: Sequence[Finish],
+        *,
+        worker_ids: Sequence[str],
+        lease_seconds: float,
+        now: datetime | None = None,
+        agent_slugs: list[str] | None = None,
+    ) -> Plan[tuple[dict[str, datetime], list[ClaimedRun]]]:
+        """finish_runs, then claim_next_attempts for at most as many runs as it finished, in
+        one statement and one commit: a worker's slot goes from its run's end to its next run
+        without a commit in between. (finish_runs' answer, the runs claimed in FIFO order)."""
+        run_ids, owners, statuses, error_types, error_messages = check.finishes(finishes)
+        rows = yield from claim(
+            "finish_runs_and_claim",
+            {
+                "run_ids": run_ids,
+                "finish_worker_ids": owners,
+                "statuses": statuses,
+                "error_types": error_types,
+                "error_messages": error_messages,
+                "worker_ids": check.worker_ids(worker_ids),
+                **check.lease(lease_seconds, now),
+                "agent_slugs": check.agent_slugs(agent_slugs),
+                "lost_message": LEASE_EXPIRED_MESSAGE,
+            },
+        )
+        ends = rows[0]  # every row carries the batch's ends; there is always one
+        finished = {
+            run_id: utc(at)
+            for run_id, at in zip(ends["finished_ids"], ends["finished_ats"], strict=True)
+        }
+        found = [ClaimedRun(run_of(row), int(row["attempt_no"])) for row in rows if row["id"]]
+        found.sort(key=lambda c: (c.run.created_at, c.run.id))
+        if self.telemetry is not None:
+            for finish in finishes:
+                if finish.run_id in finished:
+                    self.telemetry.ended(finish.worker_id, str(finish.status), finish.error_type)
+            if found:
+                yield from claimed(self.telemetry, found)
+        return finished, found

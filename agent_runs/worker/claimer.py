@@ -156,6 +156,29 @@ class Claimer:
             self._held -= count
             self._changed.notify_all()
 
+    def refill_wanted(self, ending: int) -> int:
+        """How many runs to claim in the transaction that writes the ends of `ending` held slots:
+        as many of those slots as are left for threads that go on (none while stopping)."""
+        with self._changed:
+            if self._ending():
+                return 0
+            return max(0, min(ending, self._free() + ending, check.MAX_BATCH))
+
+    def refilled(self, written: int, claimed: list[Claimed]) -> None:
+        """`written` held slots' ends committed in the transaction that claimed `claimed` (no
+        more runs than ends): the runs are queued for the threads, the other slots come back."""
+        self.batches += 1
+        self.items += len(claimed)
+        with self._changed:
+            self._held += len(claimed) - written
+            orphaned = self._nobody_takes_runs()
+            if not orphaned:
+                for one in claimed:
+                    self._ready.put(one)
+            self._changed.notify_all()
+        if orphaned:
+            self._worker.release_unstarted(claimed)
+
     def interrupt(self) -> None:
         """Wake every thread waiting for a run (the worker stops)."""
         with self._changed:

@@ -7,13 +7,15 @@ What they need of the worker arrives as `ClaimingFor`; the runtime never lends i
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, ExitStack
+from datetime import datetime
 from typing import Protocol
 
 from agent_runs.backoff import Backoff
 from agent_runs.errors import DB_ERRORS
 from agent_runs.logs import logger
-from agent_runs.models import AgentRun, ClaimedRun
+from agent_runs.models import AgentRun, ClaimedRun, Finish
 from agent_runs.repository import AgentRunRepository
 from agent_runs.worker.claimer import Claimed
 from agent_runs.worker.heartbeat import HeartbeatService, Lease
@@ -70,6 +72,57 @@ def claim_for_slots(worker: ClaimingFor, count: int) -> list[Claimed]:
         for token, (one, sent_at) in zip(tokens, answers, strict=True)
         if one is not None
     ]
+
+
+def finish_and_claim(
+    worker: ClaimingFor, finishes: list[Finish], count: int
+) -> tuple[list[datetime | None] | None, list[Claimed]]:
+    """finish_runs for `finishes` and a claim of up to `count` runs (no more than it finished)
+    in one statement: each end's finished_at (None where refused), and the runs claimed.
+
+    After a lost reply the ends are unknown (None: the caller confirms them one by one) and the
+    claims are found by their owner tokens; raises ClaimNotSent when nothing was sent."""
+    tokens = [worker.new_owner_token() for _ in range(count)]
+    claimed_at = time.monotonic()
+    try:
+        finished, claimed, sent_at = _finish_and_claim(worker, finishes, tokens)
+    except ClaimNotSent:
+        raise
+    except DB_ERRORS:
+        found: list[Claimed] = []
+        for token in tokens:  # the n-th claim went to the n-th token: the first gap ends it
+            run = find_claim_in_doubt(worker, token, claimed_at)
+            if run is None:
+                break
+            found.append(Claimed(run, track(worker, run, token, claimed_at), None))
+        return None, found
+    return [finished.get(finish.run_id) for finish in finishes], [
+        Claimed(one.run, track(worker, one.run, token, sent_at), one.attempt_no)
+        for token, one in _by_token(tokens, claimed)
+    ]
+
+
+def _finish_and_claim(
+    worker: ClaimingFor, finishes: list[Finish], tokens: list[str]
+) -> tuple[dict[str, datetime], list[ClaimedRun], float]:
+    with ExitStack() as checkout:
+        try:
+            repo = checkout.enter_context(worker.repository())
+        except DB_ERRORS as exc:
+            raise ClaimNotSent(exc) from exc
+        sent_at = time.monotonic()
+        finished, claimed = repo.finish_runs_and_claim(
+            finishes,
+            worker_ids=tokens,
+            lease_seconds=worker.lease_seconds,
+            agent_slugs=worker.agent_slugs,
+        )
+    return finished, claimed, sent_at
+
+
+def _by_token(tokens: Sequence[str], claimed: list[ClaimedRun]) -> list[tuple[str, ClaimedRun]]:
+    by_owner = {c.run.worker_id: c for c in claimed}
+    return [(token, by_owner[token]) for token in tokens if token in by_owner]
 
 
 def track(worker: ClaimingFor, run: AgentRun, token: str, sent_at: float) -> Lease:

@@ -25,6 +25,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
 
 import psycopg
 
@@ -37,6 +39,20 @@ from agent_runs.worker.outcome import Decision
 from agent_runs.worker.text import one_line
 
 log = logger("agent_runs.worker")
+
+
+class Refill(Protocol):
+    """Claims the next runs of the slots a batch of ends frees, in the batch's own transaction
+    (agent_runs.worker.Worker, durable completion)."""
+
+    def slots_to_refill(self, ending: int) -> int: ...
+
+    def finish_and_claim(
+        self, finishes: list[Finish], slots: int
+    ) -> tuple[list[datetime | None] | None, int]:
+        """Each end's finished_at (None where refused; None for all: in doubt), and how many
+        of the slots got their next run or came back (their ends are written)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,11 +75,13 @@ class Flusher:
         *,
         max_batch: int,
         on_written: Callable[[int], None] | None = None,
+        refill: Refill | None = None,
     ) -> None:
         self._completer = completer
         self._heartbeat = heartbeat
         self._max_batch = max_batch
         self._on_written = on_written
+        self._refill = refill
         self._changed = threading.Condition()
         self._queue: list[_Handed] = []
         self._writing = 0  # handed items taken by the thread and not yet written
@@ -141,15 +159,16 @@ class Flusher:
                 del self._queue[: self._max_batch]
                 self._writing = len(batch)
                 self._changed.notify_all()
+            settled = [0]  # slots the refill already gave their next run (or back)
             try:
-                self._write(batch)
+                self._write(batch, settled)
             except Exception:  # never let the flusher die: the leases then expire, reconciled
                 log.exception("flusher round failed unexpectedly")
             finally:
                 for handed in batch:
                     self._heartbeat.untrack(handed.lease)
-                if self._on_written is not None:
-                    self._on_written(len(batch))
+                if self._on_written is not None and len(batch) > settled[0]:
+                    self._on_written(len(batch) - settled[0])
                 with self._changed:
                     self._unwritten.difference_update(id(handed.lease) for handed in batch)
                     self._writing = 0
@@ -157,11 +176,18 @@ class Flusher:
                     self.items += len(batch)
                     self._changed.notify_all()
 
-    def _write(self, batch: list[_Handed]) -> None:
+    def _write(self, batch: list[_Handed], settled: list[int]) -> None:
         finishes = [handed.finish for handed in batch]
         in_doubt = False  # the batch may have committed although its reply was lost
+        refill = self._refill
+        slots = refill.slots_to_refill(len(batch)) if refill is not None else 0
         try:
-            finished = self._completer.finish_batch(finishes)
+            if refill is not None and slots:
+                answer, settled[0] = refill.finish_and_claim(finishes, slots)
+                in_doubt = answer is None
+                finished = [None] * len(batch) if answer is None else answer
+            else:
+                finished = self._completer.finish_batch(finishes)
         except DB_ERRORS as exc:
             log.warning("could not write %d end(s) in a batch (%s)", len(batch), one_line(exc))
             finished, in_doubt = [None] * len(batch), True

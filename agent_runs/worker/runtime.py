@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
@@ -35,7 +36,7 @@ from agent_runs import validation as check
 from agent_runs.backoff import Backoff
 from agent_runs.errors import DB_ERRORS, LeaseLost
 from agent_runs.logs import logger
-from agent_runs.models import AgentRun
+from agent_runs.models import AgentRun, Finish
 from agent_runs.notify import Wakeups
 from agent_runs.repository import AgentRunRepository
 from agent_runs.worker import claims, loop
@@ -128,6 +129,8 @@ class Worker:
             self.heartbeat,
             max_batch=check.MAX_BATCH,
             on_written=self._written if self.completion == "durable" else None,
+            # durable: a batch of ends claims its slots' next runs in its own transaction
+            refill=self if self.completion == "durable" else None,
         )
         # run_once threads that claim at the same time share one claim statement.
         self.claiming = GroupCommit(partial(claims.claim_batch, self), max_batch=check.MAX_BATCH)
@@ -217,6 +220,23 @@ class Worker:
         """The writer wrote (or gave up) `count` run_forever threads' ends: their slots come
         back (with durable completion only run_forever threads hand ends over)."""
         self.claimer.give_back(count)
+
+    def slots_to_refill(self, ending: int) -> int:
+        """How many runs the writer claims with the ends of `ending` run_forever slots."""
+        return self.claimer.refill_wanted(ending)
+
+    def finish_and_claim(
+        self, finishes: list[Finish], slots: int
+    ) -> tuple[list[datetime | None] | None, int]:
+        """The writer's batch of ends and the next runs of up to `slots` of their slots, in one
+        transaction (flusher.Refill); the claimed runs go to the claimer's queue."""
+        try:
+            finished, claimed = claims.finish_and_claim(self, finishes, slots)
+        except claims.ClaimNotSent as exc:  # no connection: nothing was sent
+            raise exc.error from None
+        written = len(claimed) if finished is None else sum(at is not None for at in finished)
+        self.claimer.refilled(written, claimed)
+        return finished, written
 
     def release_unstarted(self, claimed: Sequence[Claimed]) -> None:
         """Release for retry runs that were claimed for run_forever threads and never started
