@@ -45,14 +45,17 @@ def _facts(observer: Conn) -> set[tuple[Any, ...]]:
 
 
 def _slow_finishes(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    """Every finish_runs statement waits `seconds` before it is sent."""
-    real = AgentRunRepository.finish_runs
+    """Every finish_runs statement (alone, or with the next claims) waits `seconds` first."""
+    for name in ("finish_runs", "finish_runs_and_claim"):
+        real = getattr(AgentRunRepository, name)
 
-    def slow_finish(self: AgentRunRepository, *args: Any, **kwargs: Any) -> Any:
-        time.sleep(seconds)
-        return real(self, *args, **kwargs)
+        def slow_finish(
+            self: AgentRunRepository, *args: Any, _real: Any = real, **kwargs: Any
+        ) -> Any:
+            time.sleep(seconds)
+            return _real(self, *args, **kwargs)
 
-    monkeypatch.setattr(AgentRunRepository, "finish_runs", slow_finish)
+        monkeypatch.setattr(AgentRunRepository, name, slow_finish)
 
 
 class Looping:
