@@ -262,6 +262,32 @@ def test_finish_runs_looks_up_each_run_and_attempt_of_the_batch(seeded: Conn, mo
 
 
 @pytest.mark.parametrize("mode", PLAN_MODES)
+def test_finish_runs_and_claim_looks_up_the_batch_and_reads_the_claimable_index_in_order(
+    seeded: Conn, mode: str
+) -> None:
+    run_ids, worker_ids = _live_leases(seeded)
+    params = {
+        **_claim_params(None),
+        "run_ids": run_ids,
+        "finish_worker_ids": worker_ids,
+        "statuses": ["completed"] * len(run_ids),
+        "error_types": [None] * len(run_ids),
+        "error_messages": [None] * len(run_ids),
+        "worker_ids": [f"claimer-{n}" for n in range(len(run_ids))],
+    }
+    plan = _plan(seeded, "finish_runs_and_claim", params, mode)
+    scans = _scans_of(plan, "agent_runs")
+    backlog_reads = [n for n in scans if "Index Cond" not in n]
+    assert [n.get("Index Name") for n in backlog_reads] == ["ix_agent_runs_claimable"], _describe(
+        plan
+    )
+    for scan in scans:  # every other read of a run is a lookup by id
+        if scan not in backlog_reads:
+            assert re.search(r"(?<![\w.])id = ", scan["Index Cond"]), _describe(plan)
+    _assert_lookups(plan, "agent_run_attempts", "run_id")
+
+
+@pytest.mark.parametrize("mode", PLAN_MODES)
 def test_create_runs_looks_up_each_request_id_of_the_batch(seeded: Conn, mode: str) -> None:
     count = 10
     params = {
