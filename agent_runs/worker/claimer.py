@@ -7,6 +7,9 @@ statement (oldest runs first, up to MAX_BATCH), and queues what it got; a `run_f
 takes the next claimed run, executes it and hands its end to the writer thread
 (agent_runs/worker/flusher.py), then takes the next one without waiting for that statement.
 
+With durable completion the writer claims for the slots its batch of ends frees in that batch's
+own transaction (`refill_wanted`, `refilled`); the claimer claims for the others.
+
 So no more runs are held than there are threads, a run counts as done only once its end
 committed, and under load the claim and finish statements carry a batch each, not a run each:
 the threads that execute never wait for the database in between (each such wait is a thread

@@ -86,8 +86,6 @@ def finish_and_claim(
     claimed_at = time.monotonic()
     try:
         finished, claimed, sent_at = _finish_and_claim(worker, finishes, tokens)
-    except ClaimNotSent:
-        raise
     except DB_ERRORS:
         found: list[Claimed] = []
         for token in tokens:  # the n-th claim went to the n-th token: the first gap ends it

@@ -8,9 +8,12 @@ one-run path, with its retries and explanations.
 
 Who hands over: the `run_forever` threads, always. With durable completion (the default) their
 slot comes back only once the end is written (`on_written`), so the process never holds more
-runs than threads, and a run counts as done only once its end committed. `run_once` hands over
-only with the opt-in asynchronous completion (`Worker(completion="async")`), where the caller is
-told the decision before it is written.
+runs than threads, and a run counts as done only once its end committed. There the writer also
+claims the next runs of the slots a batch frees in the batch's own statement and commit
+(`Refill`, sql/finish_runs_and_claim.sql): a slot goes from its run's end to its next run with
+one commit, not two, and a refused end keeps its slot until it is written alone. `run_once`
+hands over only with the opt-in asynchronous completion (`Worker(completion="async")`), where
+the caller is told the decision before it is written.
 
 The loss window is the same either way: a process that dies (SIGKILL, power loss) after an
 agent ended and before the end committed leaves its run `running`; its lease then expires and
