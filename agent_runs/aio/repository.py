@@ -62,6 +62,7 @@ class AsyncAgentRunRepository(AsyncDriver):
     # finishing
     set_terminal_status = _coroutine(Sync.set_terminal_status)
     finish_runs = _coroutine(Sync.finish_runs)
+    finish_runs_and_claim = _coroutine(Sync.finish_runs_and_claim)
     request_cancel = _coroutine(Sync.request_cancel)
     reconcile_expired_leases = _coroutine(Sync.reconcile_expired_leases)
     record_run_manifest = _coroutine(Sync.record_run_manifest)
