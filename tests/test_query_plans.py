@@ -273,6 +273,7 @@ def test_create_runs_looks_up_each_request_id_of_the_batch(seeded: Conn, mode: s
         "run_types": ["chat"] * count,
         "created_by_run_ids": [None] * count,
         "input_payloads": Jsonb([{}] * count),
+        "trace_contexts": None,
     }
     plan = _plan(seeded, "create_runs", params, mode)
     _assert_lookups(plan, "agent_runs", "request_id")
