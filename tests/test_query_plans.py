@@ -261,9 +261,13 @@ def test_finish_runs_looks_up_each_run_and_attempt_of_the_batch(seeded: Conn, mo
     _assert_lookups(plan, "agent_run_attempts", "run_id")
 
 
+@pytest.mark.parametrize("traced", [False, True], ids=["telemetry off", "telemetry on"])
 @pytest.mark.parametrize("mode", PLAN_MODES)
-def test_create_runs_looks_up_each_request_id_of_the_batch(seeded: Conn, mode: str) -> None:
+def test_create_runs_looks_up_each_request_id_of_the_batch(
+    seeded: Conn, mode: str, traced: bool
+) -> None:
     count = 10
+    context = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
     params = {
         "run_ids": [f"new-{i}" for i in range(count)],
         "request_ids": ["done-req-1", *(f"new-req-{i}" for i in range(1, count))],
@@ -273,6 +277,7 @@ def test_create_runs_looks_up_each_request_id_of_the_batch(seeded: Conn, mode: s
         "run_types": ["chat"] * count,
         "created_by_run_ids": [None] * count,
         "input_payloads": Jsonb([{}] * count),
+        "trace_contexts": Jsonb([context] * count) if traced else None,
     }
     plan = _plan(seeded, "create_runs", params, mode)
     _assert_lookups(plan, "agent_runs", "request_id")
