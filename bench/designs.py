@@ -56,7 +56,7 @@ class DesignSettings:
     history: int
 
 
-FULL: Final = DesignSettings(seconds=4.0, reps=3, slices=4, threads=(1, 4), history=10_000)
+FULL: Final = DesignSettings(seconds=6.0, reps=5, slices=6, threads=(1, 4), history=10_000)
 QUICK: Final = DesignSettings(seconds=0.5, reps=1, slices=1, threads=(1,), history=1_000)
 
 
@@ -333,6 +333,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, nargs="+")
     parser.add_argument("--reps", type=int)
     parser.add_argument("--quick", action="store_true", help="a smoke run (under a minute)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="the JSON file to write")
     args = parser.parse_args(argv)
     base = QUICK if args.quick else FULL
     settings = DesignSettings(
@@ -361,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     summary = summarize(costs, settings)
     print(render(summary))
     write_json(
-        RESULTS,
+        args.output,
         {
             "finished_at": datetime.now(UTC).isoformat(),
             "server_version": version,
@@ -372,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "by_threads": summary,
         },
     )
-    log(f"wrote {RESULTS}")
+    log(f"wrote {args.output}")
 
 
 if __name__ == "__main__":
