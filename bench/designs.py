@@ -251,6 +251,7 @@ def summarize(costs: Sequence[tuple[int, SliceCost]], settings: DesignSettings) 
                 "lifecycles_per_second": median([r[design.name] for r in per_rep]),
                 "repetitions": [r[design.name] for r in per_rep],
                 "ratio_to_lean": median([r[design.name] / r["lean"] for r in per_rep]),
+                "ratio_to_lean_per_repetition": [r[design.name] / r["lean"] for r in per_rep],
                 "lifecycles": lifecycles,
                 "wal_lsn_bytes_per_lifecycle": _per_lifecycle(
                     [c.wal.lsn_bytes for c in chosen], lifecycles
@@ -285,12 +286,17 @@ def summarize(costs: Sequence[tuple[int, SliceCost]], settings: DesignSettings) 
     return by_threads
 
 
+def _span(values: Sequence[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}" if values else "n/a"
+
+
 def render(summary: dict[str, Any]) -> str:
     headers = [
         "design",
         "thr",
         "lc/s",
         "×lean",
+        "reps ×lean",
         "WAL B/lc",
         "×lean",
         "LSN B/lc",
@@ -310,6 +316,7 @@ def render(summary: dict[str, Any]) -> str:
                     threads,
                     fmt(r["lifecycles_per_second"]),
                     fmt(r["ratio_to_lean"], "x"),
+                    _span(r["ratio_to_lean_per_repetition"]),
                     fmt(r["wal_record_bytes_per_lifecycle"]),
                     fmt(r["wal_ratio_to_lean"], "x"),
                     fmt(r["wal_lsn_bytes_per_lifecycle"]),
