@@ -19,10 +19,13 @@ leases AS (
          AS l (run_id, worker_id)
 ),
 locked AS (
+    -- The batch's runs in one index scan over the given ids, not one lookup per lease; the
+    -- owner is matched through a hashed IN inside a CASE, as for the attempts below.
     SELECT r.id
-    FROM leases l
-    JOIN agent_runs r ON r.id = l.run_id AND r.worker_id = l.worker_id
-    WHERE CASE r.status WHEN 'running' THEN true WHEN 'cancel_requested' THEN true END
+    FROM agent_runs r
+    WHERE r.id = ANY ((SELECT %(run_ids)s::text[])::text[])
+      AND CASE WHEN (r.id, r.worker_id) IN (SELECT run_id, worker_id FROM leases) THEN true END
+      AND CASE r.status WHEN 'running' THEN true WHEN 'cancel_requested' THEN true END
       AND r.lease_expires_at > (SELECT now FROM clock)
     -- The sort, not the plan, orders the locks.
     ORDER BY r.id
@@ -31,8 +34,8 @@ locked AS (
 renewed AS (
     UPDATE agent_runs r
     SET (heartbeat_at, lease_expires_at, updated_at) = (SELECT now, expires_at, now FROM lease)
-    FROM locked
-    WHERE r.id = locked.id
+    -- Already locked (and checked under the lock): found again in one index scan, in any order.
+    WHERE r.id = ANY (ARRAY(SELECT id FROM locked))
     RETURNING r.id, r.status, r.worker_id
 ),
 attempts AS (
