@@ -227,6 +227,15 @@ def test_renew_leases_looks_up_each_run_and_attempt_of_the_batch(seeded: Conn, m
     plan = _plan(seeded, "renew_leases", params, mode)
     _assert_lookups(plan, "agent_runs", "id")
     _assert_lookups(plan, "agent_run_attempts", "run_id")
+    # Deadlock-free whatever the plan: the runs are locked in id order, as they leave a sort
+    # by id or a forward scan of the primary key.
+    [lock] = [n for n in _nodes(plan) if n["Node Type"] == "LockRows"]
+    [locked_from] = [n for n in lock["Plans"] if n["Parent Relationship"] == "Outer"]
+    assert (locked_from["Node Type"], locked_from.get("Sort Key")) == ("Sort", ["r.id"]) or (
+        locked_from["Node Type"],
+        locked_from.get("Index Name"),
+        locked_from.get("Scan Direction"),
+    ) == ("Index Scan", "agent_runs_pkey", "Forward"), _describe(plan)
 
 
 @pytest.mark.parametrize("mode", PLAN_MODES)
