@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install migrate test demo dashboard screenshots bench chaos lint clean
+.PHONY: help install migrate test demo dashboard screenshots bench designs chaos lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ bench: $(STAMP) ## measure the hot path against hand-written SQL and other queue
 	$(BIN)/python -c 'import pgqueuer, procrastinate' 2>/dev/null \
 		|| $(BIN)/pip install --quiet -e '.[dev,compare]'
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+designs: $(STAMP) ## what each schema design costs against the lean floor (embedded PostgreSQL, ~8 min)
+	$(BIN)/python -m bench.designs $(DESIGNS_ARGS)
 
 chaos: $(STAMP) ## fault-injection suite: kill workers, drop connections, restart PostgreSQL
 	$(BIN)/python -m chaos $(CHAOS_ARGS)

@@ -5,14 +5,15 @@ An item's request_id seen before (in the database, or earlier in the same batch)
 existing run, whatever its status. An item that would be a second active run on its
 (uid, agent_slug, thread_id) makes the whole call raise ThreadBusy naming the item, and nothing
 is written. A run may name as its parent (created_by_run_id) a run_id given to an earlier or
-later item of the same batch.
+later item of the same batch. With telemetry, each item has create_run's span and metric, its
+trace context stored by the batch's one INSERT.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
@@ -24,6 +25,9 @@ from agent_runs.models import AgentRun
 from agent_runs.rows import run_of as _run
 from agent_runs.steps import Execute, Plan, planned
 from agent_runs.transport import Row, statement
+
+if TYPE_CHECKING:  # never imported at run time: telemetry off costs no import
+    from agent_runs.telemetry import Telemetry
 
 _REQUIRED: Final = ("thread_id", "agent_slug", "uid", "request_id")
 _OPTIONAL: Final = ("input_payload", "run_type", "created_by_run_id", "run_id")
@@ -141,11 +145,15 @@ def _params(sent: list[_Item]) -> dict[str, Any]:
         "run_types": [i.run_type for i in sent],
         "created_by_run_ids": [i.created_by_run_id for i in sent],
         "input_payloads": Jsonb([i.input_payload for i in sent]),
+        "trace_contexts": None,  # telemetry off
     }
 
 
 class RunBatches:
     """create_runs of the repository (a plan, see agent_runs.steps)."""
+
+    if TYPE_CHECKING:
+        telemetry: Telemetry | None
 
     @planned
     def create_runs(self, items: Iterable[Mapping[str, Any]]) -> Plan[list[AgentRun]]:
@@ -160,33 +168,52 @@ class RunBatches:
         """
         checked, sent = _items(items)
         params = _params(sent)
-        for tries_left in range(_TRIES - 1, -1, -1):
-            try:
-                rows: list[Row] = yield Execute(statement("create_runs"), params)
-                break
-            except (pg_errors.UniqueViolation, pg_errors.ForeignKeyViolation) as exc:
-                refusal = yield from _refusal(sent, params, exc)
-            except pg_errors.DeadlockDetected:
-                # Concurrent batches creating runs on the same threads in opposite orders: the
-                # database chose this one to give way (nothing of it stays); run it again.
-                refusal = None
-            if refusal is not None:
-                raise refusal from None
-            if not tries_left:
-                raise InvalidArgument("items: the batch kept conflicting with concurrent writes")
-        runs = {run.request_id: run for run in map(_run, rows)}
-        missing = [i.request_id for i in sent if i.request_id not in runs]
-        if missing:  # committed by a concurrent creator after our snapshot: a new statement
-            existing: list[Row] = yield Execute(
-                statement("create_runs.existing"), {"request_ids": missing}
+        telemetry = self.telemetry
+        if telemetry is None:
+            runs, _ = yield from _create_batch(checked, sent, params)
+            return runs
+        with telemetry.sending_many([(i.agent_slug, i.run_id) for i in checked]) as sendings:
+            params["trace_contexts"] = Jsonb([sendings[i.index].trace_context for i in sent])
+            runs, created = yield from _create_batch(checked, sent, params)
+            for index, (sending, run) in enumerate(zip(sendings, runs, strict=True)):
+                sending.sent(run, created=index in created)
+            return runs
+
+
+def _create_batch(
+    checked: list[_Item], sent: list[_Item], params: dict[str, Any]
+) -> Plan[tuple[list[AgentRun], set[int]]]:
+    """create_runs' statements: a run per item of `checked`, and the indexes of the items whose
+    run this call created (the first item of each request_id that was new)."""
+    for tries_left in range(_TRIES - 1, -1, -1):
+        try:
+            rows: list[Row] = yield Execute(statement("create_runs"), params)
+            break
+        except (pg_errors.UniqueViolation, pg_errors.ForeignKeyViolation) as exc:
+            refusal = yield from _refusal(sent, params, exc)
+        except pg_errors.DeadlockDetected:
+            # Concurrent batches creating runs on the same threads in opposite orders: the
+            # database chose this one to give way (nothing of it stays); run it again.
+            refusal = None
+        if refusal is not None:
+            raise refusal from None
+        if not tries_left:
+            raise InvalidArgument("items: the batch kept conflicting with concurrent writes")
+    runs = {run.request_id: run for run in map(_run, rows)}
+    new = {row["request_id"] for row in rows if row["is_new"]}
+    missing = [i.request_id for i in sent if i.request_id not in runs]
+    if missing:  # committed by a concurrent creator after our snapshot: a new statement
+        existing: list[Row] = yield Execute(
+            statement("create_runs.existing"), {"request_ids": missing}
+        )
+        runs.update((run.request_id, run) for run in map(_run, existing))
+    for item in checked:
+        if item.request_id not in runs:  # pragma: no cover - deleted in between
+            raise InvalidArgument(
+                f"items[{item.index}]: request_id {item.request_id!r} is being reused; retry"
             )
-            runs.update((run.request_id, run) for run in map(_run, existing))
-        for item in checked:
-            if item.request_id not in runs:  # pragma: no cover - deleted in between
-                raise InvalidArgument(
-                    f"items[{item.index}]: request_id {item.request_id!r} is being reused; retry"
-                )
-        return [runs[item.request_id] for item in checked]
+    created = {item.index for item in sent if item.request_id in new}
+    return [runs[item.request_id] for item in checked], created
 
 
 def _refusal(

@@ -1,16 +1,16 @@
 """OpenTelemetry traces and metrics for agent runs (SPEC section 12), off unless asked for.
 
 `Telemetry` is the one object the repository and the worker call, at the few points where a
-fact commits: a run created (`sending`), attempts claimed (`claimed`), an attempt's end written
-(`ended`), a worker letting go of an attempt (`released`), renewals, a reconcile pass that
-converged runs (`reconciled`). Nothing else in the package imports opentelemetry: this module
-imports it when a Telemetry is made, so with telemetry off it is never loaded and each of those
-points costs one `is None` check.
+fact commits: runs created (`sending`, `sending_many`), attempts claimed (`claimed`), an
+attempt's end written (`ended`), a worker letting go of an attempt (`released`), renewals, a
+reconcile pass that converged runs (`reconciled`). Nothing else in the package imports
+opentelemetry: this module imports it when a Telemetry is made, so with telemetry off it is
+never loaded and each of those points costs one `is None` check.
 
 Spans follow the OpenTelemetry semantic conventions for messaging (v1.44.0, still Development):
 
-- `create_run {agent_slug}`, PRODUCER, a child of the caller's current span; its W3C context is
-  stored with the run (agent_runs.trace_context) by create_run's own INSERT;
+- `create_run {agent_slug}`, PRODUCER, a child of the caller's current span (create_runs: one
+  per item); its W3C context is stored with the run (agent_runs.trace_context) by the INSERT;
 - `process {agent_slug}`, CONSUMER, one per attempt, from the claim to the committed end (or to
   the worker letting go of a lost lease), a new trace linked to the creating span
   (span_relationship "link"; "child": attempt 1 is its child, retries linked; "none": neither);
@@ -138,27 +138,43 @@ class Telemetry:
     def sending(self, agent_slug: str, run_id: str) -> Iterator[_Sending]:
         """The `create_run {agent_slug}` PRODUCER span around create_run's statements, current
         while they run; `.trace_context` is what the INSERT stores."""
-        attributes = {
-            "messaging.system": "agent_runs",
-            "messaging.operation.type": "send",
-            "messaging.operation.name": "create_run",
-            "messaging.destination.name": agent_slug,
-            "messaging.message.id": run_id,
-        }
-        # No exception event or status text: an error's message may hold a uid or a payload.
-        with self.tracer.start_as_current_span(
-            f"create_run {agent_slug}",
-            kind=self._kind.PRODUCER,
-            attributes=attributes,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            try:
-                yield _Sending(self, span, agent_slug)
-            except Exception as exc:
+        with (
+            self.sending_many([(agent_slug, run_id)]) as (sending,),
+            self._trace.use_span(
+                sending.span, record_exception=False, set_status_on_exception=False
+            ),
+        ):
+            yield sending
+
+    @contextmanager
+    def sending_many(self, messages: Sequence[tuple[str, str]]) -> Iterator[list[_Sending]]:
+        """A `create_run {agent_slug}` PRODUCER span per (agent_slug, run_id), children of the
+        caller's current span (none made current), ended after the block; errors if it raises."""
+        spans = [
+            self.tracer.start_span(
+                f"create_run {agent_slug}",
+                kind=self._kind.PRODUCER,
+                attributes={
+                    "messaging.system": "agent_runs",
+                    "messaging.operation.type": "send",
+                    "messaging.operation.name": "create_run",
+                    "messaging.destination.name": agent_slug,
+                    "messaging.message.id": run_id,
+                },
+            )
+            for agent_slug, run_id in messages
+        ]
+        try:
+            yield [_Sending(self, span) for span in spans]
+        except Exception as exc:
+            # No exception event or status text: an error's message may hold a uid or a payload.
+            for span in spans:
                 span.set_attribute("error.type", _qualified(type(exc)))
                 span.set_status(self._error)
-                raise
+            raise
+        finally:
+            for span in spans:
+                span.end()
 
     def _carrier(self, span: Span) -> dict[str, str] | None:
         if not span.get_span_context().is_valid:
@@ -353,17 +369,17 @@ class Telemetry:
 
 
 class _Sending:
-    """create_run's PRODUCER span while its statements run."""
+    """A PRODUCER span of create_run (or of one item of create_runs) while the statements run."""
 
-    __slots__ = ("_span", "_telemetry", "trace_context")
+    __slots__ = ("_telemetry", "span", "trace_context")
 
-    def __init__(self, telemetry: Telemetry, span: Span, agent_slug: str) -> None:
+    def __init__(self, telemetry: Telemetry, span: Span) -> None:
         self._telemetry = telemetry
-        self._span = span
+        self.span = span
         self.trace_context = telemetry._carrier(span)
 
     def sent(self, run: AgentRun, *, created: bool) -> None:
-        self._span.set_attribute("messaging.message.id", run.id)
+        self.span.set_attribute("messaging.message.id", run.id)
         if created:
             instruments = self._telemetry.instruments
             instruments.run_created.add(1, instruments.base(run.agent_slug))

@@ -229,7 +229,7 @@ def render(payload: dict[str, Any]) -> str:
     rows.append(["ratio large ÷ small", f"{cs['ratio_p50']:.2f}", f"{cs['ratio_p99']:.2f}", ""])
     out.append(table(["backlog", "p50", "p99", "claims"], rows))
 
-    out.append("\nTargets (medians of the repetitions; issue 26 sets the hot path's, then deployment)")
+    out.append("\nTargets (medians of the repetitions; the hot path's, then deployment)")
     out.extend(Target(**_target_args(t)).line() for t in payload["targets"])
     at4 = r["throughput"].get(str(TARGET_THREADS))
     if at4 is not None:

@@ -227,6 +227,15 @@ def test_renew_leases_looks_up_each_run_and_attempt_of_the_batch(seeded: Conn, m
     plan = _plan(seeded, "renew_leases", params, mode)
     _assert_lookups(plan, "agent_runs", "id")
     _assert_lookups(plan, "agent_run_attempts", "run_id")
+    # Deadlock-free whatever the plan: the runs are locked in id order, as they leave a sort
+    # by id or a forward scan of the primary key.
+    [lock] = [n for n in _nodes(plan) if n["Node Type"] == "LockRows"]
+    [locked_from] = [n for n in lock["Plans"] if n["Parent Relationship"] == "Outer"]
+    assert (locked_from["Node Type"], locked_from.get("Sort Key")) == ("Sort", ["r.id"]) or (
+        locked_from["Node Type"],
+        locked_from.get("Index Name"),
+        locked_from.get("Scan Direction"),
+    ) == ("Index Scan", "agent_runs_pkey", "Forward"), _describe(plan)
 
 
 @pytest.mark.parametrize("mode", PLAN_MODES)
@@ -287,9 +296,13 @@ def test_finish_runs_and_claim_looks_up_the_batch_and_reads_the_claimable_index_
     _assert_lookups(plan, "agent_run_attempts", "run_id")
 
 
+@pytest.mark.parametrize("traced", [False, True], ids=["telemetry off", "telemetry on"])
 @pytest.mark.parametrize("mode", PLAN_MODES)
-def test_create_runs_looks_up_each_request_id_of_the_batch(seeded: Conn, mode: str) -> None:
+def test_create_runs_looks_up_each_request_id_of_the_batch(
+    seeded: Conn, mode: str, traced: bool
+) -> None:
     count = 10
+    context = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
     params = {
         "run_ids": [f"new-{i}" for i in range(count)],
         "request_ids": ["done-req-1", *(f"new-req-{i}" for i in range(1, count))],
@@ -299,6 +312,7 @@ def test_create_runs_looks_up_each_request_id_of_the_batch(seeded: Conn, mode: s
         "run_types": ["chat"] * count,
         "created_by_run_ids": [None] * count,
         "input_payloads": Jsonb([{}] * count),
+        "trace_contexts": Jsonb([context] * count) if traced else None,
     }
     plan = _plan(seeded, "create_runs", params, mode)
     _assert_lookups(plan, "agent_runs", "request_id")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -292,6 +293,63 @@ def test_overlapping_batches_in_opposite_orders_never_deadlock(
     for thread in threads:
         thread.join(timeout=60)
     assert not errors, errors
+
+
+def test_a_batch_waits_for_its_first_run_in_id_order_before_it_holds_any_other(
+    dsn: str, repo: AgentRunRepository, observer: Conn, t0: datetime
+) -> None:
+    """Another batch holds the batch's lowest id (and will take the rest in id order): the batch
+    must wait there holding nothing. Locking in the plan's order (a table scan's, where the
+    lowest id was written last) would hold the others first and deadlock with it."""
+    for _ in range(3):
+        runs = sorted((running_run(repo, t0) for _ in range(12)), key=lambda run: run.id)
+        # Moved to the end of its page (a HOT update writes a new version): last in a scan.
+        assert repo.renew_lease(runs[0].id, worker_id=OWNER, lease_seconds=LEASE, now=t0)
+        backward = {run.id: OWNER for run in reversed(runs)}
+        assert _renew_behind_a_holder(dsn, observer, backward, now=at(t0, 1)) == dict.fromkeys(
+            backward, RunStatus.RUNNING
+        )
+
+
+def _renew_behind_a_holder(
+    dsn: str, observer: Conn, leases: dict[str, str], *, now: datetime
+) -> dict[str, RunStatus]:
+    """renew_leases(leases) while another transaction holds the lowest run id, and takes every
+    run of `leases` (in id order) once the batch waits; the batch's answer."""
+    answers: list[dict[str, RunStatus]] = []
+    errors: list[BaseException] = []
+    with agent_runs.connect(dsn) as holder_conn, agent_runs.connect(dsn) as contender_conn:
+        holder, contender = AgentRunRepository(holder_conn), AgentRunRepository(contender_conn)
+
+        def renew() -> None:
+            try:
+                answers.append(contender.renew_leases(leases, lease_seconds=LEASE, now=now))
+            except BaseException as exc:  # reported below, with the deadlock if there was one
+                errors.append(exc)
+
+        with holder_conn.transaction():
+            assert holder.renew_lease(min(leases), worker_id=OWNER, lease_seconds=LEASE, now=now)
+            thread = threading.Thread(target=renew)
+            thread.start()
+            _wait_until_blocked(observer, contender_conn.info.backend_pid)
+            assert len(holder.renew_leases(leases, lease_seconds=LEASE, now=now)) == len(leases)
+        thread.join(timeout=30)
+    assert not errors, errors
+    [answer] = answers
+    return answer
+
+
+def _wait_until_blocked(observer: Conn, pid: int) -> None:
+    """Until the backend `pid` waits for a lock (a row another transaction holds)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        row = observer.execute(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+        ).fetchone()
+        if row is not None and row[0] == "Lock":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"backend {pid} never waited for a lock")
 
 
 def test_keeps_working_after_the_session_forgets_its_prepared_statements(

@@ -316,6 +316,10 @@ def test_telemetry_off_never_imports_opentelemetry(dsn: str) -> None:
         for n, script in enumerate((["ok"], ["retry", "ok"], ["fail:boom"])):
             repo.create_run(thread_id=f"t{n}", agent_slug="a", uid="u", request_id=f"r{n}",
                             input_payload={"script": script})
+        repo.create_runs([  # one new run, one request seen before
+            {"thread_id": "tb", "agent_slug": "a", "uid": "u", "request_id": "rb",
+             "input_payload": {"script": ["ok"]}},
+            {"thread_id": "t0", "agent_slug": "a", "uid": "u", "request_id": "r0"}])
         with agent_runs.create_pool(sys.argv[1], min_size=1, max_size=4) as pool:
             with Worker(pool, ScriptedAgent(), lease_seconds=5, max_tries=2) as worker:
                 while worker.run_once() is not None:
@@ -343,5 +347,5 @@ def test_telemetry_off_never_imports_opentelemetry(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as check:
         runs = AgentRunRepository(check).list_runs()
     assert sorted(r.status for r in runs) == sorted(
-        [RunStatus.COMPLETED, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.PENDING]
+        [RunStatus.COMPLETED] * 3 + [RunStatus.FAILED, RunStatus.PENDING]
     )
