@@ -6,14 +6,12 @@ beside them; their typed values are in agent_runs.operator_values.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from agent_runs import validation as check
+from agent_runs.cursors import decode_cursor, runs_cursor
 from agent_runs.durations import MAX_DURATION
 from agent_runs.errors import InvalidArgument
 from agent_runs.models import AgentRun, RunStatus
@@ -21,11 +19,12 @@ from agent_runs.operator_values import (
     AttemptDurations,
     PruneBatch,
     QueueNow,
+    RunListing,
     RunStats,
     RunSummary,
     WorkerStats,
 )
-from agent_runs.rows import run_of
+from agent_runs.rows import listing_of, run_of
 from agent_runs.steps import (
     Emit,
     Execute,
@@ -47,6 +46,7 @@ __all__ = [
     "OperatorQueries",
     "PruneBatch",
     "QueueNow",
+    "RunListing",
     "RunStats",
     "RunSummary",
     "WorkerStats",
@@ -59,27 +59,6 @@ DEFAULT_STUCK_AFTER: Final = timedelta(minutes=15)
 # How many error types and worker identities run_stats reports, the most frequent first.
 STATS_TOP: Final = 20
 _LIVE: Final = frozenset({RunStatus.PENDING, RunStatus.RUNNING})
-
-
-def runs_cursor(run: AgentRun) -> str:
-    """The keyset cursor after `run`: pass it as `before` to get the next (older) page."""
-    raw = json.dumps([run.created_at.astimezone(UTC).isoformat(), run.id])
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def _decode_cursor(value: object) -> tuple[datetime, str]:
-    bad = InvalidArgument("before must be a cursor given by a previous page of runs")
-    if not isinstance(value, str) or not 0 < len(value) <= 512:
-        raise bad
-    try:
-        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
-        created, run_id = json.loads(raw)
-        created_at = datetime.fromisoformat(created)
-    except (binascii.Error, ValueError, TypeError):
-        raise bad from None
-    if created_at.tzinfo is None or not isinstance(run_id, str):
-        raise bad
-    return created_at, check.identifier("before", run_id)
 
 
 def _span(name: str, value: object, *, allow_zero: bool = False) -> float:
@@ -171,16 +150,29 @@ class OperatorQueries:
             before=before,
             now=now,
         )
-        return [run_of(row) for row in rows]
+        whole = yield from _whole_rows(rows)
+        return [run_of(row) for row in whole]
 
     @planned
     def list_run_summaries(self, **filters: Unpack[RunFilters]) -> Plan[list[RunSummary]]:
         """list_runs (same keyword arguments) with each run's attempt count and last owner."""
         rows = yield from _list_rows(**filters)
+        whole = yield from _whole_rows(rows)
+        listed = {row["id"]: row for row in rows}
         return [
-            RunSummary(run_of(row), int(row["attempt_count"]), row["last_worker_id"])
-            for row in rows
+            RunSummary(
+                run_of(row),
+                int(listed[row["id"]]["attempt_count"]),
+                listed[row["id"]]["last_worker_id"],
+            )
+            for row in whole
         ]
+
+    @planned
+    def list_run_listings(self, **filters: Unpack[RunFilters]) -> Plan[list[RunListing]]:
+        """list_run_summaries without the payloads: only the columns a runs table shows."""
+        rows = yield from _list_rows(**filters)
+        return [listing_of(row) for row in rows]
 
     # -- cancelling a tree ---------------------------------------------------------------
 
@@ -277,7 +269,7 @@ def _cancel_tree(
 def _list_rows(**filters: Unpack[RunFilters]) -> Plan[list[Row]]:
     since_at, since_seconds = _since(filters.get("since"))
     before = filters.get("before")
-    before_created_at, before_id = (None, None) if before is None else _decode_cursor(before)
+    before_created_at, before_id = (None, None) if before is None else decode_cursor(before)
     worker = filters.get("worker")
     params = {
         "statuses": _statuses(filters.get("statuses")),
@@ -297,6 +289,15 @@ def _list_rows(**filters: Unpack[RunFilters]) -> Plan[list[Row]]:
         "now": check.now(filters.get("now")),
     }
     rows: list[Row] = yield Execute(statement("list_runs"), params)
+    return rows
+
+
+def _whole_rows(listed: list[Row]) -> Plan[list[Row]]:
+    """The whole rows of the listed runs, in their order (a run pruned since is left out)."""
+    if not listed:
+        return []
+    ids = [row["id"] for row in listed]
+    rows: list[Row] = yield Execute(statement("list_runs.whole"), {"ids": ids})
     return rows
 
 

@@ -36,6 +36,21 @@ class RunSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class RunListing:
+    """A run as a runs table shows it: no payload, manifest, error message or trace context."""
+
+    id: str
+    status: RunStatus
+    agent_slug: str
+    thread_id: str
+    uid: str
+    created_at: datetime
+    error_type: str | None
+    attempt_count: int
+    last_worker_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerStats:
     """One worker identity's attempts finished in the window, by what became of them."""
 

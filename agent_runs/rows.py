@@ -6,7 +6,8 @@ from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from agent_runs.models import AgentRun, RunAttempt
+from agent_runs.models import AgentRun, RunAttempt, RunStatus
+from agent_runs.operator_values import RunListing
 from agent_runs.transport import Row
 
 _RUN_FIELDS: Final = tuple(f.name for f in fields(AgentRun))
@@ -53,3 +54,18 @@ def attempt_of(row: Row) -> RunAttempt:
     if pick is None:  # pragma: no cover - every attempt statement returns its columns
         raise AssertionError("this result carries no attempt")
     return RunAttempt(*_utc(list(pick(row.values)), _ATTEMPT_TIMESTAMPS))
+
+
+def listing_of(row: Row) -> RunListing:
+    """A list_runs row (the listing's columns) as a RunListing."""
+    return RunListing(
+        id=row["id"],
+        status=RunStatus(row["status"]),
+        agent_slug=row["agent_slug"],
+        thread_id=row["thread_id"],
+        uid=row["uid"],
+        created_at=utc(row["created_at"]),
+        error_type=row["error_type"],
+        attempt_count=int(row["attempt_count"]),
+        last_worker_id=row["last_worker_id"],
+    )

@@ -3,7 +3,8 @@
 --       (an attempt's owner token without its last ':' part), created since, stuck (an expired
 --       live lease not reconciled yet, or pending longer than stuck_after_seconds)
 -- to:   nothing (read only)
--- returns: at most limit runs, each with its attempt count and its last attempt's owner token
+-- returns: at most limit runs, only the columns a listing shows (list_runs.whole reads the rest),
+--          each with its attempt count and its last attempt's owner token
 -- notes: sql/README.md (clock); two halves with the same filters, merged: settled runs (pending
 --        or finished) through the listing indexes, which leave live runs out, and live runs
 --        (few, one per lease) through ix_agent_runs_live (NOT MATERIALIZED: each half reads its
@@ -16,7 +17,7 @@ WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
 matching AS NOT MATERIALIZED (
-    SELECT r.*
+    SELECT r.id, r.status, r.agent_slug, r.thread_id, r.uid, r.created_at, r.error_type
     FROM agent_runs r
     WHERE (r.created_at, r.id) < (coalesce(%(before_created_at)s::timestamptz, 'infinity'),
                                   coalesce(%(before_id)s::text, ''))

@@ -70,6 +70,7 @@ class AsyncAgentRunRepository(AsyncDriver):
     # operating
     list_runs = _coroutine(Sync.list_runs)
     list_run_summaries = _coroutine(Sync.list_run_summaries)
+    list_run_listings = _coroutine(Sync.list_run_listings)
     request_cancel_tree = _coroutine(Sync.request_cancel_tree)
     run_stats = _coroutine(Sync.run_stats)
     prune_finished_runs = _coroutine(Sync.prune_finished_runs)
