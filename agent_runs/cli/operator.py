@@ -21,6 +21,7 @@ from agent_runs.display import aligned, escape
 from agent_runs.durations import format_duration, parse_duration, parse_since
 from agent_runs.models import AgentRun, RunStatus
 from agent_runs.operations import RunStats, RunSummary, runs_cursor
+from agent_runs.operator_values import RunFilters
 from agent_runs.repository import AgentRunRepository
 
 RUNS_COLUMNS: Final = (
@@ -103,40 +104,43 @@ def run_json(summary: RunSummary) -> dict[str, Any]:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     since = None if args.since is None else parse_since("--since", args.since)
-    stuck_after = parse_duration("--stuck-after", args.stuck_after)
-    with open_connection(args) as conn:
-        summaries = AgentRunRepository(conn).list_run_summaries(
-            statuses=args.status,
-            agent_slug=args.agent_slug,
-            thread_id=args.thread,
-            uid=args.uid,
-            worker=args.worker,
-            since=since,
-            stuck=args.stuck,
-            stuck_after=stuck_after,
-            limit=args.limit,
-            before=args.before,
-        )
-    cursor = runs_cursor(summaries[-1].run) if len(summaries) == args.limit else None
-    if args.json:
+    filters: RunFilters = {
+        "statuses": args.status,
+        "agent_slug": args.agent_slug,
+        "thread_id": args.thread,
+        "uid": args.uid,
+        "worker": args.worker,
+        "since": since,
+        "stuck": args.stuck,
+        "stuck_after": parse_duration("--stuck-after", args.stuck_after),
+        "limit": args.limit,
+        "before": args.before,
+    }
+    if args.json:  # whole runs; the table below reads only the columns it shows
+        with open_connection(args) as conn:
+            summaries = AgentRunRepository(conn).list_run_summaries(**filters)
+        cursor = runs_cursor(summaries[-1].run) if len(summaries) == args.limit else None
         print(json.dumps([run_json(s) for s in summaries], indent=2, ensure_ascii=False))
         if cursor:
             print(f"next page: --before {cursor}", file=sys.stderr)
         return 0
+    with open_connection(args) as conn:
+        listings = AgentRunRepository(conn).list_run_listings(**filters)
+    cursor = runs_cursor(listings[-1]) if len(listings) == args.limit else None
     now = datetime.now(UTC)
     rows = [
         (
-            s.run.id,
-            s.run.status.value,
-            s.run.agent_slug,
-            s.run.thread_id,
+            s.id,
+            s.status.value,
+            s.agent_slug,
+            s.thread_id,
             str(s.attempt_count),
             s.last_worker_id or "-",
-            _ts(s.run.created_at),
-            format_duration(now - s.run.created_at),
-            s.run.error_type or "-",
+            _ts(s.created_at),
+            format_duration(now - s.created_at),
+            s.error_type or "-",
         )
-        for s in summaries
+        for s in listings
     ]
     lines = table(RUNS_COLUMNS, rows) if rows else ["(no runs)"]
     lines.append(f"next page: --before {cursor}" if cursor else "(end of list)")

@@ -1,6 +1,6 @@
 """The dashboard's reads: each request in one READ ONLY transaction with a statement timeout.
 
-Listings, statistics and explanations come from the repository (`list_run_summaries`,
+Listings, statistics and explanations come from the repository (`list_run_listings`,
 `run_stats`, `list_run_attempts`, `explain_run`); the few queries only the pages need
 (live counts, runs per minute, per agent, per worker identity, the sub-agent tree) are
 sql/dashboard.*.sql files run here.

@@ -32,7 +32,7 @@ def overview(request: Request) -> Response:
         now = reader.now()
         live = data.live(reader)
         stats = reader.repo.run_stats(since=HOUR, now=now)
-        stuck = reader.repo.list_run_summaries(stuck=True, limit=STUCK_SHOWN + 1, now=now)
+        stuck = reader.repo.list_run_listings(stuck=True, limit=STUCK_SHOWN + 1, now=now)
         minutes = data.per_minute(reader, now)
         day, day_at = config.cache.day(reader, now)
         workers = data.workers(reader, now - HOUR, data.TOP)
@@ -70,11 +70,11 @@ def runs(request: Request) -> Response:
     with data.reading(config.pool, config.statement_timeout_seconds) as reader:
         now = reader.now()
         try:
-            summaries = reader.repo.list_run_summaries(**query.filters(), now=now)
+            listings = reader.repo.list_run_listings(**query.filters(), now=now)
         except InvalidArgument as exc:
             name = str(exc).split(" ", 1)[0]
             raise BadParameter(name, str(exc)) from None
-    cursor = runs_cursor(summaries[-1].run) if len(summaries) == query.limit else None
+    cursor = runs_cursor(listings[-1]) if len(listings) == query.limit else None
     return page(
         config.env,
         request.scope,
@@ -84,7 +84,7 @@ def runs(request: Request) -> Response:
             "live_page": True,
             "now": now,
             "query": query,
-            "summaries": summaries,
+            "listings": listings,
             "next_link": None if cursor is None else query.link(before=cursor),
             "first_link": query.link(before=None) if query.before else None,
             "statuses": [s.value for s in RunStatus],

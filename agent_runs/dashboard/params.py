@@ -63,7 +63,7 @@ class RunsQuery:
     before: str = ""
 
     def filters(self) -> dict[str, Any]:
-        """Keyword arguments of list_runs / list_run_summaries."""
+        """Keyword arguments of list_runs / list_run_listings."""
         since: datetime | timedelta | None = None
         if self.since:
             since = _checked("since", lambda: parse_since("since", self.since))
