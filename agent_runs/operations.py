@@ -150,28 +150,21 @@ class OperatorQueries:
             before=before,
             now=now,
         )
-        whole = yield from _whole_rows(rows)
-        return [run_of(row) for row in whole]
+        return [run_of(row) for row in rows]
 
     @planned
     def list_run_summaries(self, **filters: Unpack[RunFilters]) -> Plan[list[RunSummary]]:
         """list_runs (same keyword arguments) with each run's attempt count and last owner."""
         rows = yield from _list_rows(**filters)
-        whole = yield from _whole_rows(rows)
-        listed = {row["id"]: row for row in rows}
         return [
-            RunSummary(
-                run_of(row),
-                int(listed[row["id"]]["attempt_count"]),
-                listed[row["id"]]["last_worker_id"],
-            )
-            for row in whole
+            RunSummary(run_of(row), int(row["attempt_count"]), row["last_worker_id"])
+            for row in rows
         ]
 
     @planned
     def list_run_listings(self, **filters: Unpack[RunFilters]) -> Plan[list[RunListing]]:
         """list_run_summaries without the payloads: only the columns a runs table shows."""
-        rows = yield from _list_rows(**filters)
+        rows = yield from _list_rows(documents=False, **filters)
         return [listing_of(row) for row in rows]
 
     # -- cancelling a tree ---------------------------------------------------------------
@@ -266,7 +259,7 @@ def _cancel_tree(
     return changed
 
 
-def _list_rows(**filters: Unpack[RunFilters]) -> Plan[list[Row]]:
+def _list_rows(*, documents: bool = True, **filters: Unpack[RunFilters]) -> Plan[list[Row]]:
     since_at, since_seconds = _since(filters.get("since"))
     before = filters.get("before")
     before_created_at, before_id = (None, None) if before is None else decode_cursor(before)
@@ -287,17 +280,9 @@ def _list_rows(**filters: Unpack[RunFilters]) -> Plan[list[Row]]:
         "before_created_at": before_created_at,
         "before_id": before_id,
         "now": check.now(filters.get("now")),
+        "documents": documents,
     }
     rows: list[Row] = yield Execute(statement("list_runs"), params)
-    return rows
-
-
-def _whole_rows(listed: list[Row]) -> Plan[list[Row]]:
-    """The whole rows of the listed runs, in their order (a run pruned since is left out)."""
-    if not listed:
-        return []
-    ids = [row["id"] for row in listed]
-    rows: list[Row] = yield Execute(statement("list_runs.whole"), {"ids": ids})
     return rows
 
 

@@ -3,8 +3,9 @@
 --       (an attempt's owner token without its last ':' part), created since, stuck (an expired
 --       live lease not reconciled yet, or pending longer than stuck_after_seconds)
 -- to:   nothing (read only)
--- returns: at most limit runs, only the columns a listing shows (list_runs.whole reads the rest),
---          each with its attempt count and its last attempt's owner token
+-- returns: at most limit runs, each with its attempt count and its last attempt's owner token;
+--          with documents false, input_payload, error_message, manifest and trace_context are
+--          NULL (a listing: the values are never read from TOAST nor sent)
 -- notes: sql/README.md (clock); two halves with the same filters, merged: settled runs (pending
 --        or finished) through the listing indexes, which leave live runs out, and live runs
 --        (few, one per lease) through ix_agent_runs_live (NOT MATERIALIZED: each half reads its
@@ -17,7 +18,7 @@ WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
 matching AS NOT MATERIALIZED (
-    SELECT r.id, r.status, r.agent_slug, r.thread_id, r.uid, r.created_at, r.error_type
+    SELECT r.*
     FROM agent_runs r
     WHERE (r.created_at, r.id) < (coalesce(%(before_created_at)s::timestamptz, 'infinity'),
                                   coalesce(%(before_id)s::text, ''))
@@ -70,7 +71,16 @@ page AS (
     ORDER BY created_at DESC, id DESC
     LIMIT %(limit)s
 )
-SELECT page.*,
+SELECT page.id, page.request_id, page.thread_id, page.agent_slug, page.uid, page.run_type,
+       page.created_by_run_id, page.status,
+       CASE WHEN %(documents)s::boolean THEN page.input_payload END AS input_payload,
+       page.error_type,
+       CASE WHEN %(documents)s::boolean THEN page.error_message END AS error_message,
+       page.worker_id, page.heartbeat_at, page.lease_expires_at,
+       CASE WHEN %(documents)s::boolean THEN page.manifest END AS manifest,
+       page.manifest_fingerprint, page.manifest_recorded_at, page.started_at, page.finished_at,
+       page.created_at, page.updated_at,
+       CASE WHEN %(documents)s::boolean THEN page.trace_context END AS trace_context,
        (SELECT count(*) FROM agent_run_attempts a WHERE a.run_id = page.id) AS attempt_count,
        (SELECT a.worker_id FROM agent_run_attempts a WHERE a.run_id = page.id
         ORDER BY a.attempt_no DESC LIMIT 1) AS last_worker_id

@@ -137,6 +137,7 @@ def _list_params(statuses: list[str]) -> dict[str, Any]:
         "stuck_after_seconds": 900.0,
         "limit": 50,
         "now": None,
+        "documents": False,
     }
 
 
