@@ -7,8 +7,8 @@ What they need of the worker arrives as `ClaimingFor`; the runtime never lends i
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from contextlib import AbstractContextManager, ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from datetime import datetime
 from typing import Protocol
 
@@ -103,11 +103,7 @@ def finish_and_claim(
 def _finish_and_claim(
     worker: ClaimingFor, finishes: list[Finish], tokens: list[str]
 ) -> tuple[dict[str, datetime], list[ClaimedRun], float]:
-    with ExitStack() as checkout:
-        try:
-            repo = checkout.enter_context(worker.repository())
-        except DB_ERRORS as exc:
-            raise ClaimNotSent(exc) from exc
+    with checked_out(worker) as repo:
         sent_at = time.monotonic()
         finished, claimed = repo.finish_runs_and_claim(
             finishes,
@@ -116,6 +112,18 @@ def _finish_and_claim(
             agent_slugs=worker.agent_slugs,
         )
     return finished, claimed, sent_at
+
+
+@contextmanager
+def checked_out(worker: ClaimingFor) -> Iterator[AgentRunRepository]:
+    """The worker's repository for one claim statement; ClaimNotSent when no connection could
+    be had (nothing was sent)."""
+    with ExitStack() as checkout:
+        try:
+            repo = checkout.enter_context(worker.repository())
+        except DB_ERRORS as exc:
+            raise ClaimNotSent(exc) from exc
+        yield repo
 
 
 def _by_token(tokens: Sequence[str], claimed: list[ClaimedRun]) -> list[tuple[str, ClaimedRun]]:
@@ -133,11 +141,7 @@ def claim_batch(worker: ClaimingFor, tokens: list[str]) -> list[tuple[ClaimedRun
     outage: no lease of the batch starts earlier in the database)."""
     if worker.stopping:  # a stop request arrived while these claimers waited: claim nothing
         return [(None, time.monotonic())] * len(tokens)
-    with ExitStack() as checkout:
-        try:
-            repo = checkout.enter_context(worker.repository())
-        except DB_ERRORS as exc:
-            raise ClaimNotSent(exc) from exc
+    with checked_out(worker) as repo:
         sent_at = time.monotonic()
         if len(tokens) == 1:  # a lone claimer: claim_next's own statement (LIMIT 1)
             one = repo.claim_next_attempt(
