@@ -74,8 +74,7 @@ class LeanTransitions:
                 "lost_message": LEASE_EXPIRED_MESSAGE,
             },
         )
-        found = [ClaimedRun(run_of(row), int(row["attempt_no"])) for row in rows]
-        found.sort(key=lambda c: (c.run.created_at, c.run.id))
+        found = _claimed_in_fifo_order(rows)
         if self.telemetry is not None and found:
             yield from claimed(self.telemetry, found)
         return found
@@ -127,9 +126,7 @@ class LeanTransitions:
         )
         finished = {row["id"]: utc(row["finished_at"]) for row in rows}
         if self.telemetry is not None:
-            for finish in finishes:
-                if finish.run_id in finished:
-                    self.telemetry.ended(finish.worker_id, str(finish.status), finish.error_type)
+            _ended(self.telemetry, finishes, finished)
         return finished
 
     @planned
@@ -165,12 +162,25 @@ class LeanTransitions:
             run_id: utc(at)
             for run_id, at in zip(ends["finished_ids"], ends["finished_ats"], strict=True)
         }
-        found = [ClaimedRun(run_of(row), int(row["attempt_no"])) for row in rows if row["id"]]
-        found.sort(key=lambda c: (c.run.created_at, c.run.id))
+        found = _claimed_in_fifo_order([row for row in rows if row["id"]])
         if self.telemetry is not None:
-            for finish in finishes:
-                if finish.run_id in finished:
-                    self.telemetry.ended(finish.worker_id, str(finish.status), finish.error_type)
+            _ended(self.telemetry, finishes, finished)
             if found:
                 yield from claimed(self.telemetry, found)
         return finished, found
+
+
+def _claimed_in_fifo_order(rows: list[Row]) -> list[ClaimedRun]:
+    """The claimed runs of a claim statement's rows, oldest first (created_at, id)."""
+    found = [ClaimedRun(run_of(row), int(row["attempt_no"])) for row in rows]
+    found.sort(key=lambda c: (c.run.created_at, c.run.id))
+    return found
+
+
+def _ended(
+    telemetry: Telemetry, finishes: Sequence[Finish], finished: Mapping[str, datetime]
+) -> None:
+    """The attempts' end metrics of the runs a batch finished (a refused end records nothing)."""
+    for finish in finishes:
+        if finish.run_id in finished:
+            telemetry.ended(finish.worker_id, str(finish.status), finish.error_type)
