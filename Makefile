@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install migrate test demo dashboard screenshots bench designs chaos lint clean
+.PHONY: help install migrate test demo dashboard screenshots bench designs chaos lint docs clean
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -51,5 +51,10 @@ lint: $(STAMP) ## ruff, mypy and the import rules (lint-imports)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-clean: ## remove the venv and caches
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+docs: $(STAMP) ## build the documentation site into site/ (mkdocs, warnings are errors)
+	$(BIN)/python -c 'import mkdocs, material, mkdocstrings_handlers.python' 2>/dev/null \
+		|| $(BIN)/pip install --quiet -e '.[dev,docs]'
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict $(DOCS_ARGS)
+
+clean: ## remove the venv, caches and the built site
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site
