@@ -5,6 +5,7 @@ W3C allows; agents' own error types label the attempt metric, capped."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from agent_runs import AgentRun, AgentRunRepository, Finish, RunStatus, create_pool
+from agent_runs import AgentRun, AgentRunRepository, Finish, RunStatus, aio, create_pool
 from agent_runs.telemetry import Telemetry
 from agent_runs.telemetry_context import cut_tracestate, storable
 from agent_runs.worker import AgentResult, RunContext, Worker
@@ -22,6 +23,31 @@ from tests.fix_telemetry import Otel
 from tests.helpers import enqueue, new_run, wait_until
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+class Blocking:
+    """A span processor that blocks `seconds` in on_start of spans whose name starts with
+    `prefix` (a processor that calls out to something slow)."""
+
+    def __init__(self, seconds: float, prefix: str) -> None:
+        self.seconds = seconds
+        self.prefix = prefix
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if span.name.startswith(self.prefix):
+            time.sleep(self.seconds)
+
+    def _on_ending(self, span: Any) -> None:
+        pass
+
+    def on_end(self, span: Any) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
 
 
 class Raising:
@@ -163,6 +189,21 @@ def test_every_commit_point_answers_what_it_committed_whatever_the_sdk_does(
     assert plain.get_run(lost.id).status == RunStatus.FAILED  # type: ignore[union-attr]
 
 
+def test_the_async_face_answers_what_it_committed_whatever_the_sdk_does(dsn: str) -> None:
+    async def scenario() -> tuple[AgentRun, AgentRun | None, bool]:
+        async with await aio.connect(dsn) as aconn:
+            telemetry = telemetry_with(Raising(on_start=True, on_end=True))
+            repo = aio.AsyncAgentRunRepository(aconn, telemetry=telemetry)
+            run = await repo.create_run(thread_id="t", agent_slug="a", uid="u", request_id="r")
+            claimed = await repo.claim_next(worker_id="w:1", lease_seconds=30)
+            ended = await repo.set_terminal_status(run.id, status="completed", worker_id="w:1")
+            return run, claimed, ended.changed
+
+    run, claimed, changed = asyncio.run(scenario())
+    assert run.trace_context is None  # no span could start: nothing to store
+    assert claimed is not None and claimed.id == run.id and changed
+
+
 def _item(key: str) -> dict[str, Any]:
     return {"thread_id": key, "agent_slug": "a", "uid": "u", "request_id": f"req-{key}"}
 
@@ -184,6 +225,19 @@ def test_run_once_executes_its_claim_when_the_process_span_cannot_start(
     assert ended is not None and ended.id == run.id
     assert ended.status == RunStatus.COMPLETED
     assert repo.get_run(run.id).status == RunStatus.COMPLETED  # type: ignore[union-attr]
+
+
+def test_a_claim_is_renewed_while_a_processor_blocks_in_on_start(
+    pool: ConnectionPool, repo: AgentRunRepository
+) -> None:
+    run = new_run(repo, agent_slug="a")
+    telemetry = telemetry_with(Blocking(2.5, prefix="process"))
+    with Worker(
+        pool, _completed, name="slow", lease_seconds=1.5, heartbeat_seconds=0.2, telemetry=telemetry
+    ) as worker:
+        ended = worker.run_once()
+    assert ended is not None and ended.status == RunStatus.COMPLETED
+    assert [a.outcome for a in repo.list_run_attempts(run.id)] == ["completed"]
 
 
 def _run_forever(worker: Worker, threads: int, done: Any, timeout: float) -> None:
