@@ -16,10 +16,9 @@ Spans follow the OpenTelemetry semantic conventions for messaging (v1.44.0, stil
 - `reconcile agent_runs`, INTERNAL, only for a pass that converged runs, linked to their
   creating spans.
 
-Every hook is guarded (agent_runs.telemetry_guard): whatever the SDK raises, the call that
-committed answers what it committed. An attempt's span is kept here, keyed by its owner token,
-so it travels explicitly from the thread that claimed to the ones that execute (`executing`)
-and write the end; never through a thread's implicit context.
+Hooks are guarded (agent_runs.telemetry_guard): whatever the SDK raises, a call answers what
+committed. An attempt's span is kept here by its owner token: it travels explicitly from the
+claiming thread to the executing (`executing`) and writing ones, never in a thread's context.
 """
 
 from __future__ import annotations
@@ -173,11 +172,13 @@ class Telemetry:
         span: Span = safely("sending", start, self._trace.INVALID_SPAN)
         return span
 
-    @guarded
     def _failed(self, spans: list[Span], error_type: str) -> None:
-        for span in spans:
-            span.set_attribute("error.type", error_type)
-            span.set_status(self._error)
+        def mark() -> None:
+            for span in spans:
+                span.set_attribute("error.type", error_type)
+                span.set_status(self._error)
+
+        safely("sending", mark)
 
     def _carrier(self, span: Span) -> dict[str, str] | None:
         """The span's W3C context as the INSERT stores it (cut as W3C allows), or None."""
@@ -270,12 +271,11 @@ class Telemetry:
             return
         from opentelemetry import context
 
-        token = safely("executing", lambda: context.attach(found.context))
+        token = context.attach(found.context)  # the API's own context: no SDK code runs
         try:
             yield
         finally:
-            if token is not None:
-                safely("executing", lambda: context.detach(token))
+            context.detach(token)
 
     @guarded
     def ended(self, worker_id: str, outcome: str, error_type: str | None) -> None:
@@ -305,7 +305,7 @@ class Telemetry:
         self._end(attempt, *_LOST)
 
     def _end(self, attempt: _Attempt, outcome: str, error_type: str | None) -> None:
-        """The metric first, the span last: an SDK failing in its end costs neither."""
+        # The metric first, the span last: an SDK failing in its end costs neither.
         self.instruments.worker_active.add(-1, self.instruments.base(attempt.agent_slug))
         span = attempt.span
         span.set_attribute("agent_runs.outcome", outcome)
