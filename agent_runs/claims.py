@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, LiteralString
 
+import psycopg
 from psycopg import errors as pg_errors
 
 from agent_runs import validation as check
@@ -62,13 +63,16 @@ def claimed(telemetry: Telemetry, runs: Sequence[ClaimedRun]) -> Plan[None]:
     retries = [c for c in runs if c.attempt_no > 1]
     released: dict[str, datetime] = {}
     if retries:
-        rows: list[Row] = yield Execute(
-            statement("claim_next.released"),
-            {
-                "run_ids": [c.run.id for c in retries],
-                "attempt_nos": [c.attempt_no for c in retries],
-            },
-        )
+        try:
+            rows: list[Row] = yield Execute(
+                statement("claim_next.released"),
+                {
+                    "run_ids": [c.run.id for c in retries],
+                    "attempt_nos": [c.attempt_no for c in retries],
+                },
+            )
+        except psycopg.Error:  # the claims committed: a pickup metric is not worth their answer
+            rows = []
         released = {row["run_id"]: utc(row["finished_at"]) for row in rows}
     telemetry.claimed(runs, released)
 

@@ -1,11 +1,10 @@
-"""OpenTelemetry traces and metrics for agent runs (SPEC section 12), off unless asked for.
+"""OpenTelemetry traces and metrics for agent runs, off unless asked for.
 
-`Telemetry` is the one object the repository and the worker call, at the few points where a
-fact commits: runs created (`sending`, `sending_many`), attempts claimed (`claimed`), an
-attempt's end written (`ended`), a worker letting go of an attempt (`released`), renewals, a
-reconcile pass that converged runs (`reconciled`). Nothing else in the package imports
-opentelemetry: this module imports it when a Telemetry is made, so with telemetry off it is
-never loaded and each of those points costs one `is None` check.
+`Telemetry` is the one object the repository and the worker call where a fact commits: runs
+created (`sending`, `sending_many`), attempts claimed (`claimed`), ends written (`ended`), a
+worker letting go of an attempt (`released`), renewals, reconcile passes (`reconciled`). Only
+the agent_runs.telemetry* modules import opentelemetry, when a Telemetry is made: with
+telemetry off it is never loaded and each of those points costs one `is None` check.
 
 Spans follow the OpenTelemetry semantic conventions for messaging (v1.44.0, still Development):
 
@@ -17,9 +16,9 @@ Spans follow the OpenTelemetry semantic conventions for messaging (v1.44.0, stil
 - `reconcile agent_runs`, INTERNAL, only for a pass that converged runs, linked to their
   creating spans.
 
-The span of an attempt is kept here, keyed by its owner token (unique per attempt), so it
-travels explicitly from the thread that claimed to the one that executes (`executing`) and the
-one that writes the end; never through a thread's implicit context.
+Hooks are guarded (agent_runs.telemetry_guard): whatever the SDK raises, a call answers what
+committed. An attempt's span is kept here by its owner token: it travels explicitly from the
+claiming thread to the executing (`executing`) and writing ones, never in a thread's context.
 """
 
 from __future__ import annotations
@@ -30,9 +29,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
-from agent_runs.errors import InvalidArgument
+from agent_runs.telemetry_context import (
+    SPAN_RELATIONSHIPS,
+    check_options,
+    package_version,
+    qualified,
+    storable,
+)
+from agent_runs.telemetry_guard import guarded, safely
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -44,7 +51,6 @@ if TYPE_CHECKING:
 
 __all__ = ["SPAN_RELATIONSHIPS", "Telemetry"]
 
-SPAN_RELATIONSHIPS: Final = ("link", "child", "none")
 SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.44.0"
 # Ends that are errors on a span; cancelled and completed are not.
 _ERROR_OUTCOMES: Final = frozenset({"failed", "interrupted", "retry_released", "lease_expired"})
@@ -66,12 +72,13 @@ class _Attempt:
 
 class Telemetry:
     """Spans and metrics for `AgentRunRepository(conn, telemetry=t)` and `Worker(...,
-    telemetry=t)`. Providers default to the global ones (the application configures its SDK).
+    telemetry=t)`; providers default to the global ones (the application configures its SDK).
 
     `observe_queue=True` (on one process) adds the observable gauges agent_runs.run.count and
     agent_runs.pending.age, read by one grouped query per collection through the Worker's pool
-    (or the first repository's connection) with a statement timeout of its own. Agent slugs
-    label metrics up to `max_agent_slugs` distinct ones; later ones count as `_OTHER`.
+    (or the first repository's connection) with a statement timeout of its own. Agent slugs, and
+    agents' own error types, label metrics up to `max_agent_slugs` distinct ones each; later
+    ones count as `_OTHER`.
     """
 
     def __init__(
@@ -84,17 +91,7 @@ class Telemetry:
         max_agent_slugs: int = 100,
         queue_statement_timeout_seconds: float = 2.0,
     ) -> None:
-        if span_relationship not in SPAN_RELATIONSHIPS:
-            raise InvalidArgument(
-                f"span_relationship must be one of {', '.join(SPAN_RELATIONSHIPS)}, "
-                f"not {span_relationship!r}"
-            )
-        if isinstance(max_agent_slugs, bool) or not isinstance(max_agent_slugs, int):
-            raise InvalidArgument("max_agent_slugs must be an int")
-        if not 1 <= max_agent_slugs <= 10_000:
-            raise InvalidArgument("max_agent_slugs must be between 1 and 10000")
-        if not 0 < queue_statement_timeout_seconds <= 60:
-            raise InvalidArgument("queue_statement_timeout_seconds must be in (0, 60]")
+        check_options(span_relationship, max_agent_slugs, queue_statement_timeout_seconds)
         # opentelemetry is loaded here, and only here: telemetry off never imports it.
         try:
             from opentelemetry import metrics, trace
@@ -108,7 +105,7 @@ class Telemetry:
 
         from agent_runs.telemetry_metrics import Instruments
 
-        version = _version()
+        version = package_version()
         self.span_relationship = span_relationship
         self.tracer = trace.get_tracer(
             "agent_runs", version, tracer_provider=tracer_provider, schema_url=SCHEMA_URL
@@ -150,42 +147,50 @@ class Telemetry:
     def sending_many(self, messages: Sequence[tuple[str, str]]) -> Iterator[list[_Sending]]:
         """A `create_run {agent_slug}` PRODUCER span per (agent_slug, run_id), children of the
         caller's current span (none made current), ended after the block; errors if it raises."""
-        spans = [
-            self.tracer.start_span(
-                f"create_run {agent_slug}",
-                kind=self._kind.PRODUCER,
-                attributes={
-                    "messaging.system": "agent_runs",
-                    "messaging.operation.type": "send",
-                    "messaging.operation.name": "create_run",
-                    "messaging.destination.name": agent_slug,
-                    "messaging.message.id": run_id,
-                },
-            )
-            for agent_slug, run_id in messages
-        ]
+        spans = [self._start_producer(agent_slug, run_id) for agent_slug, run_id in messages]
         try:
             yield [_Sending(self, span) for span in spans]
         except Exception as exc:
             # No exception event or status text: an error's message may hold a uid or a payload.
-            for span in spans:
-                span.set_attribute("error.type", _qualified(type(exc)))
-                span.set_status(self._error)
+            self._failed(spans, qualified(type(exc)))
             raise
         finally:
             for span in spans:
-                span.end()
+                safely("sending", span.end)
+
+    def _start_producer(self, agent_slug: str, run_id: str) -> Span:
+        """The PRODUCER span, or an invalid one (no context stored) when the SDK fails."""
+        attributes = {
+            "messaging.system": "agent_runs",
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "create_run",
+            "messaging.destination.name": agent_slug,
+            "messaging.message.id": run_id,
+        }
+        kind, name = self._kind.PRODUCER, f"create_run {agent_slug}"
+        start = partial(self.tracer.start_span, name, kind=kind, attributes=attributes)
+        span: Span = safely("sending", start, self._trace.INVALID_SPAN)
+        return span
+
+    def _failed(self, spans: list[Span], error_type: str) -> None:
+        def mark() -> None:
+            for span in spans:
+                span.set_attribute("error.type", error_type)
+                span.set_status(self._error)
+
+        safely("sending", mark)
 
     def _carrier(self, span: Span) -> dict[str, str] | None:
+        """The span's W3C context as the INSERT stores it (cut as W3C allows), or None."""
         if not span.get_span_context().is_valid:
             return None
         carrier: dict[str, str] = {}
         self._propagator.inject(carrier, context=self._trace.set_span_in_context(span))
-        found = {k: v for k, v in carrier.items() if k in ("traceparent", "tracestate") and v}
-        return found if "traceparent" in found else None
+        return storable(carrier)
 
     # -- one attempt ---------------------------------------------------------------------------
 
+    @guarded
     def claimed(
         self,
         claims: Sequence[tuple[AgentRun, int | None]],
@@ -208,13 +213,15 @@ class Telemetry:
                 # Both from the database's clock: creation or release -> the claim's now.
                 waited = (run.heartbeat_at - ready).total_seconds()
                 instruments.pickup_duration.record(max(0.0, waited), base)
-            attempt = _Attempt(
+            opened = _Attempt(
                 span, self._trace.set_span_in_context(span), run.id, run.agent_slug, now
             )
-            with self._lock:
-                if len(self._open) >= _MAX_OPEN:  # never ended by its caller: drop the oldest
-                    self._open.pop(next(iter(self._open))).span.end()
-                self._open[token] = attempt
+            with self._lock:  # one never ended by its caller: the oldest goes (ended unlocked)
+                full = len(self._open) >= _MAX_OPEN
+                oldest = self._open.pop(next(iter(self._open))) if full else None
+                self._open[token] = opened
+            if oldest is not None:
+                oldest.span.end()
 
     def _start_process(self, run: AgentRun, attempt_no: int | None, token: str) -> Span:
         producer = self._producer(run)
@@ -258,18 +265,19 @@ class Telemetry:
         """Make the attempt's span current in the executing thread (the agent's own spans become
         its children, log lines carry its ids); carried there by its owner token."""
         with self._lock:
-            attempt = self._open.get(worker_id)
-        if attempt is None:
+            found = self._open.get(worker_id)
+        if found is None:
             yield
             return
         from opentelemetry import context
 
-        token = context.attach(attempt.context)
+        token = context.attach(found.context)  # the API's own context: no SDK code runs
         try:
             yield
         finally:
             context.detach(token)
 
+    @guarded
     def ended(self, worker_id: str, outcome: str, error_type: str | None) -> None:
         """The attempt's end committed: its span ends with the outcome."""
         with self._lock:
@@ -278,10 +286,11 @@ class Telemetry:
             return
         if outcome in _ERROR_OUTCOMES and error_type is None:
             error_type = outcome
-        self._end(attempt, outcome, error_type)
         seconds = time.monotonic() - attempt.started
         self.instruments.ended(attempt.agent_slug, outcome, error_type, seconds)
+        self._end(attempt, outcome, error_type)
 
+    @guarded
     def released(self, worker_id: str) -> None:
         """The worker let go of the attempt. If no end was written for it, its lease is lost
         (refused, or it could not be proven): the span ends ERROR worker_lease_expired. Its
@@ -292,18 +301,20 @@ class Telemetry:
             self._lost(attempt)
 
     def _lost(self, attempt: _Attempt) -> None:
-        self._end(attempt, *_LOST)
         self.instruments.lease_lost.add(1, self.instruments.base(attempt.agent_slug))
+        self._end(attempt, *_LOST)
 
     def _end(self, attempt: _Attempt, outcome: str, error_type: str | None) -> None:
+        # The metric first, the span last: an SDK failing in its end costs neither.
+        self.instruments.worker_active.add(-1, self.instruments.base(attempt.agent_slug))
         span = attempt.span
         span.set_attribute("agent_runs.outcome", outcome)
         if outcome in _ERROR_OUTCOMES:
             span.set_attribute("error.type", error_type or outcome)
             span.set_status(self._error)
         span.end()
-        self.instruments.worker_active.add(-1, self.instruments.base(attempt.agent_slug))
 
+    @guarded
     def renewed(self, count: int) -> None:
         self.instruments.lease_renewals.add(count, self.instruments.system)
 
@@ -312,6 +323,7 @@ class Telemetry:
     def clock_ns(self) -> int:
         return time.time_ns()
 
+    @guarded
     def reconciled(
         self,
         converged: Sequence[AgentRun],
@@ -376,24 +388,13 @@ class _Sending:
     def __init__(self, telemetry: Telemetry, span: Span) -> None:
         self._telemetry = telemetry
         self.span = span
-        self.trace_context = telemetry._carrier(span)
+        self.trace_context: dict[str, str] | None = safely(
+            "sending", lambda: telemetry._carrier(span)
+        )
 
+    @guarded
     def sent(self, run: AgentRun, *, created: bool) -> None:
         self.span.set_attribute("messaging.message.id", run.id)
         if created:
             instruments = self._telemetry.instruments
             instruments.run_created.add(1, instruments.base(run.agent_slug))
-
-
-def _qualified(kind: type) -> str:
-    module = kind.__module__
-    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("agent_runs")
-    except PackageNotFoundError:  # pragma: no cover - a checkout that was never installed
-        return "0"

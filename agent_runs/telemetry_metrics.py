@@ -42,8 +42,9 @@ METRIC_ATTRIBUTES: Final[Mapping[str, frozenset[str]]] = {
     "agent_runs.pending.age": _BASE,
 }
 
-# error.type on metrics: the worker's and the reconciler's own classifications; an agent's own
-# error_type (open-ended text) counts as _OTHER. Spans carry the agent's value.
+# error.type on metrics: the worker's and the reconciler's own classifications always; an
+# agent's own error_type (open-ended text, e.g. tool_error) as it is, capped as agent slugs are
+# (the first max_agent_slugs distinct ones, later ones _OTHER).
 METRIC_ERROR_TYPES: Final = frozenset(
     {
         "agent_error",
@@ -74,8 +75,9 @@ QueueRead = Callable[[], list[tuple[str, str, int, float | None]]]
 
 
 class Slugs:
-    """The agent slug as a metric attribute: the first `limit` slugs seen keep their name, any
-    later one is _OTHER, so a stream of new slugs cannot grow the number of series."""
+    """An open-ended value (an agent slug, an agent's error type) as a metric attribute: the
+    first `limit` values seen keep their name, any later one is _OTHER, so a stream of new
+    values cannot grow the number of series."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
@@ -100,6 +102,7 @@ class Instruments:
 
     def __init__(self, meter: metrics.Meter, *, max_agent_slugs: int) -> None:
         self.slugs = Slugs(max_agent_slugs)
+        self.error_types = Slugs(max_agent_slugs)
         self._base: dict[str, dict[str, str]] = {}
         self._system = {SYSTEM_KEY: SYSTEM}
         self.run_created = meter.create_counter(
@@ -159,7 +162,8 @@ class Instruments:
         attributes = dict(self.base(slug))
         attributes[OUTCOME] = outcome if outcome in OUTCOMES else OTHER
         if error_type is not None:
-            attributes[ERROR_TYPE] = error_type if error_type in METRIC_ERROR_TYPES else OTHER
+            known = error_type in METRIC_ERROR_TYPES
+            attributes[ERROR_TYPE] = error_type if known else self.error_types(error_type)
         self.attempt_duration.record(max(0.0, seconds), attributes)
 
     def observe_queue(self, meter: metrics.Meter, read: QueueRead) -> QueueGauges:

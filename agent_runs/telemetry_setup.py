@@ -8,16 +8,24 @@ spans share them), exporting as OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER say
 - `otlp` (the default): OTLP over HTTP/protobuf (opentelemetry-exporter-otlp-proto-http), or
   gRPC with OTEL_EXPORTER_OTLP_PROTOCOL=grpc (opentelemetry-exporter-otlp-proto-grpc); the
   exporters read their OTEL_EXPORTER_OTLP_* endpoint, headers and timeout themselves;
-- `console`: JSON on standard output; `none`: nothing.
+- `console`: JSON on standard error (standard output stays what the command prints, e.g.
+  the run id of `enqueue`); `none`: nothing.
 
 Batching and intervals follow OTEL_BSP_* and OTEL_METRIC_EXPORT_INTERVAL (the SDK reads them).
 OTEL_SDK_DISABLED=true turns it off. Missing packages raise MissingPackages, whose message the
 CLI prints as its one line (exit 2).
+
+A collector that is down costs one line on standard error, once per process (the SDK's own
+retry and failure records are kept from the console), and at most SHUTDOWN_SECONDS at exit:
+`shutdown()` flushes in a thread of its own and stops waiting for it then.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -30,6 +38,10 @@ INSTALL_HINT: Final = (
     "opentelemetry-exporter-otlp-proto-http)"
 )
 _EXPORTERS: Final = frozenset({"otlp", "console", "none"})
+# The longest `shutdown()` waits for the last export (a collector that is down never holds the
+# exit longer); and the SDK's loggers whose records become that one line.
+SHUTDOWN_SECONDS: Final = 2.0
+_SDK_LOGGERS: Final = ("opentelemetry.exporter", "opentelemetry.sdk")
 
 
 class MissingPackages(InvalidArgument):
@@ -68,17 +80,28 @@ def configure_from_env(
     resource = Resource.create()
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": service_name}))
-    tracer_provider = TracerProvider(resource=resource)
+    one_line = OneLine.install("agent-runs")
+    # shutdown_on_exit=False: no exit handler of the SDK's waits for the collector unbounded.
+    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     for exporter in _span_exporters():
         tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
     readers = [PeriodicExportingMetricReader(e) for e in _metric_exporters()]
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    meter_provider = MeterProvider(
+        resource=resource, metric_readers=readers, shutdown_on_exit=False
+    )
     trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(meter_provider)
 
-    def shutdown() -> None:
+    def flush() -> None:
         tracer_provider.shutdown()
-        meter_provider.shutdown(timeout_millis=5_000)
+        meter_provider.shutdown(timeout_millis=int(SHUTDOWN_SECONDS * 1000))
+
+    def shutdown() -> None:
+        flushing = threading.Thread(target=flush, name="otel-shutdown", daemon=True)
+        flushing.start()
+        flushing.join(SHUTDOWN_SECONDS)
+        if flushing.is_alive():
+            one_line.say(f"could not export within {SHUTDOWN_SECONDS:g}s at exit; dropped")
 
     telemetry = Telemetry(
         tracer_provider=tracer_provider, meter_provider=meter_provider, **telemetry_options
@@ -92,6 +115,45 @@ def configure_from_env(
             carrier["tracestate"] = os.environ["TRACESTATE"]
         context.attach(TraceContextTextMapPropagator().extract(carrier))
     return OtelSetup(telemetry, shutdown)
+
+
+class OneLine(logging.Handler):
+    """The SDK's warnings and errors (an unreachable collector's retries, a failed batch) as
+    one line on standard error, the first time only; the records themselves stay quiet."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(logging.WARNING)
+        self._prog = prog
+        self._said = threading.Event()
+
+    @classmethod
+    def install(cls, prog: str) -> OneLine:
+        handler = cls(prog)
+        for name in _SDK_LOGGERS:
+            sdk_log = logging.getLogger(name)
+            for old in [h for h in sdk_log.handlers if isinstance(h, OneLine)]:
+                sdk_log.removeHandler(old)
+            sdk_log.addHandler(handler)
+            sdk_log.propagate = False
+        return handler
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = " ".join(record.getMessage().split())
+        except Exception:  # a record that cannot format itself
+            text = record.msg if isinstance(record.msg, str) else "export failed"
+        self.say(f"could not export ({text[:200]})")
+
+    def say(self, text: str) -> None:
+        if self._said.is_set():
+            return
+        self._said.set()
+        print(
+            f"{self._prog}: --otel: {text}; telemetry is dropped while the collector is "
+            "unreachable (further export errors are not shown)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _chosen(variable: str) -> list[str]:
@@ -137,7 +199,7 @@ def _span_exporters() -> list[Any]:
         if name == "console":
             from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-            found.append(ConsoleSpanExporter())
+            found.append(ConsoleSpanExporter(out=sys.stderr))
         else:
             found.append(_otlp_module("TRACES").OTLPSpanExporter())
     return found
@@ -149,7 +211,7 @@ def _metric_exporters() -> list[Any]:
         if name == "console":
             from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
 
-            found.append(ConsoleMetricExporter())
+            found.append(ConsoleMetricExporter(out=sys.stderr))
         else:
             found.append(_otlp_module("METRICS").OTLPMetricExporter())
     return found

@@ -249,9 +249,10 @@ def test_finish_runs_ends_each_attempt_span_with_its_outcome(
     assert "error.type" not in attrs(ended[runs[2].id])
     for span in ended.values():
         assert "secret" not in json.dumps(dict(span.attributes or {}))
-    # An agent's own error_type labels the span, never a metric (open set): _OTHER there.
+    # An agent's own error_type labels the span and the metric (capped as agent slugs are).
     failed = otel.total(
-        "agent_runs.attempt.duration", **{"agent_runs.outcome": "failed", "error.type": "_OTHER"}
+        "agent_runs.attempt.duration",
+        **{"agent_runs.outcome": "failed", "error.type": "tool_crashed"},
     )
     assert failed == 1
 

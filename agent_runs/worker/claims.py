@@ -17,6 +17,7 @@ from agent_runs.errors import DB_ERRORS
 from agent_runs.logs import logger
 from agent_runs.models import AgentRun, ClaimedRun, Finish
 from agent_runs.repository import AgentRunRepository
+from agent_runs.telemetry_guard import deferred
 from agent_runs.worker.claimer import Claimed
 from agent_runs.worker.heartbeat import HeartbeatService, Lease
 
@@ -84,20 +85,21 @@ def finish_and_claim(
     claims are found by their owner tokens; raises ClaimNotSent when nothing was sent."""
     tokens = [worker.new_owner_token() for _ in range(count)]
     claimed_at = time.monotonic()
-    try:
-        finished, claimed, sent_at = _finish_and_claim(worker, finishes, tokens)
-    except DB_ERRORS:
-        found: list[Claimed] = []
-        for token in tokens:  # the n-th claim went to the n-th token: the first gap ends it
-            run = find_claim_in_doubt(worker, token, claimed_at)
-            if run is None:
-                break
-            found.append(Claimed(run, track(worker, run, token, claimed_at), None))
-        return None, found
-    return [finished.get(finish.run_id) for finish in finishes], [
-        Claimed(one.run, track(worker, one.run, token, sent_at), one.attempt_no)
-        for token, one in _by_token(tokens, claimed)
-    ]
+    with deferred():  # the ends' and the claims' telemetry once the claims are tracked
+        try:
+            finished, claimed, sent_at = _finish_and_claim(worker, finishes, tokens)
+        except DB_ERRORS:
+            found: list[Claimed] = []
+            for token in tokens:  # the n-th claim went to the n-th token: the first gap ends it
+                run = find_claim_in_doubt(worker, token, claimed_at)
+                if run is None:
+                    break
+                found.append(Claimed(run, track(worker, run, token, claimed_at), None))
+            return None, found
+        return [finished.get(finish.run_id) for finish in finishes], [
+            Claimed(one.run, track(worker, one.run, token, sent_at), one.attempt_no)
+            for token, one in _by_token(tokens, claimed)
+        ]
 
 
 def _finish_and_claim(
@@ -141,19 +143,26 @@ def claim_batch(worker: ClaimingFor, tokens: list[str]) -> list[tuple[ClaimedRun
     outage: no lease of the batch starts earlier in the database)."""
     if worker.stopping:  # a stop request arrived while these claimers waited: claim nothing
         return [(None, time.monotonic())] * len(tokens)
-    with checked_out(worker) as repo:
-        sent_at = time.monotonic()
-        if len(tokens) == 1:  # a lone claimer: claim_next's own statement (LIMIT 1)
-            one = repo.claim_next_attempt(
-                worker_id=tokens[0],
-                lease_seconds=worker.lease_seconds,
-                agent_slugs=worker.agent_slugs,
-            )
-            return [(one, sent_at)]
-        claimed = repo.claim_next_attempts(
-            worker_ids=tokens, lease_seconds=worker.lease_seconds, agent_slugs=worker.agent_slugs
-        )
-    by_owner = {c.run.worker_id: c for c in claimed}
+    with deferred():  # the claims' telemetry once they are tracked (the callers' track: same)
+        with checked_out(worker) as repo:
+            sent_at = time.monotonic()
+            if len(tokens) == 1:  # a lone claimer: claim_next's own statement (LIMIT 1)
+                one = repo.claim_next_attempt(
+                    worker_id=tokens[0],
+                    lease_seconds=worker.lease_seconds,
+                    agent_slugs=worker.agent_slugs,
+                )
+                claimed = [] if one is None else [one]
+            else:
+                claimed = repo.claim_next_attempts(
+                    worker_ids=tokens,
+                    lease_seconds=worker.lease_seconds,
+                    agent_slugs=worker.agent_slugs,
+                )
+        by_owner = {c.run.worker_id: c for c in claimed}
+        for token in tokens:
+            if (found := by_owner.get(token)) is not None:
+                track(worker, found.run, token, sent_at)
     return [(by_owner.get(token), sent_at) for token in tokens]
 
 
@@ -164,8 +173,11 @@ def find_claim_in_doubt(worker: ClaimingFor, token: str, claimed_at: float) -> A
     backoff = Backoff(cap=max(0.2, worker.heartbeat_seconds))
     while time.monotonic() < deadline:
         try:
-            with worker.repository() as repo:
-                run = repo.get_run_by_owner(token)
+            with deferred():  # its telemetry once it is tracked (the caller's track: the same)
+                with worker.repository() as repo:
+                    run = repo.get_run_by_owner(token)
+                if run is not None:
+                    track(worker, run, token, claimed_at)
         except DB_ERRORS:
             time.sleep(min(backoff.next_delay(), max(0.0, deadline - time.monotonic())))
             continue

@@ -18,6 +18,7 @@ from agent_runs.errors import DB_ERRORS
 from agent_runs.logs import logger
 from agent_runs.models import RunStatus
 from agent_runs.repository import AgentRunRepository
+from agent_runs.telemetry_guard import deferred
 from agent_runs.worker.connection import connection
 from agent_runs.worker.text import one_line
 
@@ -73,9 +74,13 @@ class HeartbeatService:
         self.failed_rounds = 0
 
     def track(self, run_id: str, worker_id: str, *, deadline: float) -> Lease:
-        lease = Lease(run_id, worker_id, self._lease_seconds, deadline)
+        """Renew this lease from now on; tracking it again answers the same Lease."""
         with self._lock:
-            self._leases[worker_id] = lease
+            lease = self._leases.get(worker_id)
+            if lease is None or lease.run_id != run_id:
+                lease = self._leases[worker_id] = Lease(
+                    run_id, worker_id, self._lease_seconds, deadline
+                )
             self._start()
         return lease
 
@@ -142,6 +147,10 @@ class HeartbeatService:
                     batch[lease.run_id] = lease
         if not batch:
             return True
+        with deferred():  # the renewal's metric once the deadlines below moved
+            return self._renew(batch)
+
+    def _renew(self, batch: dict[str, Lease]) -> bool:
         try:
             with connection(self._pool, timeout=self._timeout) as conn:
                 # After the checkout (which may wait out an outage), before the renewal is
