@@ -23,18 +23,22 @@ class AgentResult:
     status: RunStatus
     error_type: str | None = None
     error_message: str | None = None
+    # The run's result (any JSON value, at most 1 MiB of JSON text); one the JSON rules refuse
+    # fails the run `invalid_output`.
+    output: Any = None
 
     @classmethod
-    def completed(cls) -> AgentResult:
-        return cls(RunStatus.COMPLETED)
+    def completed(cls, output: Any = None) -> AgentResult:
+        return cls(RunStatus.COMPLETED, output=output)
 
     @classmethod
     def failed(cls, error_type: str, message: str) -> AgentResult:
         return cls(RunStatus.FAILED, error_type, message)
 
     @classmethod
-    def interrupted(cls, error_type: str, message: str) -> AgentResult:
-        return cls(RunStatus.INTERRUPTED, error_type, message)
+    def interrupted(cls, error_type: str, message: str, output: Any = None) -> AgentResult:
+        """Ended waiting for something (a human's input); `output` may say what it waits for."""
+        return cls(RunStatus.INTERRUPTED, error_type, message, output)
 
 
 class Executor(Protocol):
