@@ -10,6 +10,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from psycopg_pool import ConnectionPool
+
 from agent_runs.errors import DB_ERRORS, LeaseLost
 from agent_runs.fingerprint import manifest_fingerprint
 from agent_runs.models import AgentRun, RunStatus
@@ -59,6 +61,9 @@ class Executor(Protocol):
     ) -> T: ...
 
     def repository(self) -> AbstractContextManager[AgentRunRepository]: ...
+
+    @property
+    def pool(self) -> ConnectionPool: ...
 
 
 class RunContext:
@@ -131,6 +136,22 @@ class RunContext:
             return transition.changed
 
         return self._worker.with_lease_retry(self._lease, write, "record the manifest")
+
+    @property
+    def pool(self) -> ConnectionPool:
+        """The worker's connection pool (its database: an agent's own tables may live there)."""
+        return self._worker.pool
+
+    def record_resumed_from(self, checkpoint_id: str, step: int) -> bool:
+        """Record, once, the checkpoint (and its step) this attempt resumed an earlier attempt's
+        execution from; False if already recorded. Raises LeaseLost as record_manifest does."""
+
+        def write(repo: AgentRunRepository) -> bool:
+            return repo.record_resumed_from(
+                self.run_id, worker_id=self.worker_id, checkpoint_id=checkpoint_id, step=step
+            )
+
+        return self._worker.with_lease_retry(self._lease, write, "record the resume point")
 
     def create_subagent_run(
         self,
