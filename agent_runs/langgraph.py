@@ -86,9 +86,12 @@ def run_context() -> RunContext:
 
 
 def setup(dsn: str) -> None:
-    """Create or upgrade langgraph-checkpoint-postgres's tables (its own migrations)."""
-    with PostgresSaver.from_conn_string(dsn) as saver:
-        saver.setup()
+    """Create or upgrade langgraph-checkpoint-postgres's tables (its own migrations), with no
+    prepared statement (so through a transaction pooler too)."""
+    with Connection.connect(
+        dsn, autocommit=True, prepare_threshold=None, row_factory=dict_row
+    ) as conn:
+        PostgresSaver(conn).setup()
 
 
 def to_json(value: Any) -> Any:

@@ -304,3 +304,18 @@ def test_the_core_never_imports_langgraph() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_migrate_langgraph_creates_the_checkpoint_tables(
+    blank_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agent_runs.cli import main
+
+    assert main(["migrate", "--langgraph", "--dsn", blank_dsn]) == 0
+    assert "langgraph checkpoints: up to date" in capsys.readouterr().out
+    with psycopg.connect(blank_dsn) as conn:
+        found = conn.execute(
+            "SELECT to_regclass('checkpoints') IS NOT NULL, to_regclass('agent_runs') IS NOT NULL"
+        ).fetchone()
+    assert found == (True, True)
+    assert main(["migrate", "--langgraph", "--dsn", blank_dsn]) == 0  # again: a no-op
