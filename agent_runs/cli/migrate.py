@@ -36,7 +36,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
             from agent_runs.langgraph import setup
         except ImportError as exc:
             raise UsageError(
-                f"--langgraph needs the langgraph extra: pip install 'agent_runs[langgraph]' ({exc})"
+                "--langgraph needs the langgraph extra: "
+                f"pip install 'agent_runs[langgraph]' ({exc})"
             ) from None
         setup(dsn)
         print("langgraph checkpoints: up to date")
