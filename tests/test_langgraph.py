@@ -319,3 +319,18 @@ def test_migrate_langgraph_creates_the_checkpoint_tables(
         ).fetchone()
     assert found == (True, True)
     assert main(["migrate", "--langgraph", "--dsn", blank_dsn]) == 0  # again: a no-op
+
+
+def test_the_langgraph_demo_shows_a_crash_and_a_resume(lg_dsn: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "agent_runs", "demo", "--langgraph", "--dsn", lg_dsn],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "died (exit code 137) mid-graph" in done.stdout
+    assert "attempt 2 resumed at step 2 after attempt 1 lost its lease" in done.stdout
+    assert "done: each step ran once" in done.stdout
