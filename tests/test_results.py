@@ -226,3 +226,17 @@ def test_a_bad_resume_point_is_refused_by_name(repo: AgentRunRepository) -> None
         repo.record_resumed_from(run.id, worker_id=OWNER, checkpoint_id="", step=1)
     with pytest.raises(InvalidArgument, match="step"):
         repo.record_resumed_from(run.id, worker_id=OWNER, checkpoint_id="c", step=2**40)
+
+
+def test_the_run_page_shows_the_output_as_text_and_serves_it_whole(
+    repo: AgentRunRepository, client: Any
+) -> None:
+    run = _running(repo)
+    hostile = {"html": "<script>alert(1)</script>", "answer": 42}
+    repo.set_terminal_status(run.id, status="completed", worker_id=OWNER, output=hostile)
+    page = client.get(f"/runs/{run.id}")
+    assert page.status_code == 200
+    assert "<h3>Output</h3>" in page.text and "<script>alert(1)" not in page.text
+    assert "&lt;script&gt;" in page.text
+    whole = client.get(f"/json/output/{run.id}")
+    assert whole.status_code == 200 and whole.json() == hostile
