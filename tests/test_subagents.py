@@ -3,6 +3,7 @@ child, a child's own thread, and a wait that ends with the child, the parent's s
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -157,3 +158,21 @@ def test_the_wait_raises_timeout_error_at_its_timeout(
     stored = repo.get_run(ended.id)
     assert stored is not None and stored.status == RunStatus.COMPLETED
     assert 0.3 <= stored.output < 2
+
+
+def test_a_coroutine_agent_starts_and_awaits_a_sub_agent_through_the_same_context(
+    pool: ConnectionPool, repo: AgentRunRepository
+) -> None:
+    async def agent(run: AgentRun, ctx: RunContext) -> AgentResult:
+        if run.run_type == "subagent":
+            return AgentResult.completed(output={"child_of": run.created_by_run_id})
+        child = ctx.create_subagent_run(agent_slug="async-tree", input_payload={"n": 1})
+        ended = await asyncio.to_thread(ctx.wait_for_run, child.id, 30)
+        return AgentResult.completed(output=ended.output)
+
+    parent = new_run(repo, agent_slug="async-tree")
+    with Looping(_worker(pool, agent), threads=2):
+        wait_until(lambda: repo.get_run(parent.id).is_terminal, timeout=30)  # type: ignore[union-attr]
+    ended = repo.get_run(parent.id)
+    assert ended is not None and ended.status == RunStatus.COMPLETED
+    assert ended.output == {"child_of": parent.id}
