@@ -334,3 +334,16 @@ def test_the_langgraph_demo_shows_a_crash_and_a_resume(lg_dsn: str, tmp_path: Pa
     assert "died (exit code 137) mid-graph" in done.stdout
     assert "attempt 2 resumed at step 2 after attempt 1 lost its lease" in done.stdout
     assert "done: each step ran once" in done.stdout
+
+
+def test_thread_keys_are_one_to_one() -> None:
+    keys = {
+        thread_key("a/b", "c", "d"),
+        thread_key("a", "b/c", "d"),
+        thread_key("a", "b", "c/d"),
+        thread_key("a%2Fb", "c", "d"),
+        thread_key("a", "b", "c d"),
+        thread_key("a", "b", "c+d"),
+    }
+    assert len(keys) == 6
+    assert thread_key("ü", "s", "t") == "agent_runs/%C3%BC/s/t"
