@@ -284,7 +284,27 @@ _STATUS_RULES: Final = {
 def _ok(run: AgentRun, reason: str, attempts: list[RunAttempt]) -> Explanation:
     earlier = ", ".join(f"#{a.attempt_no} {a.outcome}" for a in attempts[:-1])
     suffix = f" (earlier: {earlier})" if earlier else ""
-    return Explanation(True, f"{run.status}: {reason}{suffix}")
+    return Explanation(True, f"{run.status}: {reason}{suffix}{_resumes(attempts)}")
+
+
+# How an attempt that another resumed ended, in the resume's sentence.
+_LEFT_OFF: Final = {
+    AttemptOutcome.LEASE_EXPIRED: "lost its lease",
+    AttemptOutcome.RETRY_RELEASED: "was released for retry",
+}
+
+
+def _resumes(attempts: list[RunAttempt]) -> str:
+    """`; attempt 2 resumed at step 4 after attempt 1 lost its lease` for each resumed one."""
+    said = []
+    for before, attempt in pairwise(attempts):
+        if attempt.resumed_from is not None:
+            left = _LEFT_OFF.get(before.outcome, f"ended {before.outcome}")  # type: ignore[arg-type]
+            said.append(
+                f"attempt {attempt.attempt_no} resumed at step {attempt.resumed_step} after "
+                f"attempt {before.attempt_no} {left}"
+            )
+    return "".join(f"; {text}" for text in said)
 
 
 def _unexplained(run: AgentRun, problem: str) -> Explanation:

@@ -112,7 +112,9 @@ class LeanTransitions:
         """set_terminal_status for many runs of their owners, in one statement (each run under
         its own lock and rule). The lean answer: run_id -> finished_at of each run finished; a
         refused or missing run is absent (ask set_terminal_status or get_run why)."""
-        run_ids, worker_ids, statuses, error_types, error_messages = check.finishes(finishes)
+        run_ids, worker_ids, statuses, error_types, error_messages, outputs = check.finishes(
+            finishes
+        )
         rows: list[Row] = yield Execute(
             statement("finish_runs"),
             {
@@ -121,6 +123,7 @@ class LeanTransitions:
                 "statuses": statuses,
                 "error_types": error_types,
                 "error_messages": error_messages,
+                "outputs": outputs,
                 "now": check.now(now),
             },
         )
@@ -142,7 +145,7 @@ class LeanTransitions:
         """finish_runs, then claim_next_attempts for at most as many runs as it finished, in
         one statement and one commit: a worker's slot goes from its run's end to its next run
         without a commit in between. (finish_runs' answer, the runs claimed in FIFO order)."""
-        run_ids, owners, statuses, error_types, error_messages = check.finishes(finishes)
+        run_ids, owners, statuses, error_types, error_messages, outputs = check.finishes(finishes)
         rows = yield from claim(
             "finish_runs_and_claim",
             {
@@ -151,6 +154,7 @@ class LeanTransitions:
                 "statuses": statuses,
                 "error_types": error_types,
                 "error_messages": error_messages,
+                "outputs": outputs,
                 "worker_ids": check.worker_ids(worker_ids),
                 **check.lease(lease_seconds, now),
                 "agent_slugs": check.agent_slugs(agent_slugs),

@@ -63,6 +63,9 @@ class AgentRun:
     updated_at: datetime
     # W3C traceparent/tracestate of the span that created the run (agent_runs.telemetry).
     trace_context: dict[str, str] | None = None
+    # The run's result: a JSON value written by the transition that completed it (listings
+    # leave it None: they never read it).
+    output: Any = None
 
     def __post_init__(self) -> None:
         if type(self.status) is not RunStatus:
@@ -90,6 +93,9 @@ class RunAttempt:
     error_message: str | None
     created_at: datetime
     updated_at: datetime
+    # The checkpoint this attempt resumed an earlier attempt's execution from, and its step.
+    resumed_from: str | None = None
+    resumed_step: int | None = None
 
     def __post_init__(self) -> None:
         if self.outcome is not None:
@@ -122,6 +128,8 @@ class Finish(NamedTuple):
     status: RunStatus | str
     error_type: str | None = None
     error_message: str | None = None
+    # The run's result (a completed run's): any JSON value (see agent_runs.validation).
+    output: Any = None
 
 
 class Transition(NamedTuple):

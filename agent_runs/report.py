@@ -24,6 +24,8 @@ ATTEMPT_JSON_FIELDS = (
     "outcome",
     "error_type",
     "error_message",
+    "resumed_from",
+    "resumed_step",
 )
 
 

@@ -220,8 +220,10 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
         error_type: str | None = None,
         error_message: str | None = None,
         now: datetime | None = None,
+        output: Any = None,
     ) -> Plan[Transition]:
-        """Finish a run (and its owner's attempt) when the transition rules allow it."""
+        """Finish a run (and its owner's attempt) when the transition rules allow it; `output`
+        (any JSON value, at most 1 MiB of JSON text) is the run's result."""
         rows: list[Row] = yield Execute(
             statement("set_terminal_status"),
             {
@@ -230,6 +232,7 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
                 "worker_id": check.optional_worker_id(worker_id),
                 "error_type": check.error_type(error_type),
                 "error_message": check.error_message(error_message),
+                "output": check.output_text(output),
                 "now": check.now(now),
             },
         )
@@ -320,6 +323,30 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
                 "(only the owner of a running run with a live lease may record its manifest)"
             )
         return Transition(run_of(row), bool(row["changed"]))
+
+    @planned
+    def record_resumed_from(
+        self,
+        run_id: str,
+        *,
+        worker_id: str,
+        checkpoint_id: str,
+        step: int,
+        now: datetime | None = None,
+    ) -> Plan[bool]:
+        """Record, once, the checkpoint (and its step) from which the live owner's open attempt
+        resumed an earlier attempt's execution; False when refused or already recorded."""
+        rows: list[Row] = yield Execute(
+            statement("record_resumed_from"),
+            {
+                "run_id": check.identifier("run_id", run_id),
+                "worker_id": check.worker_id(worker_id),
+                "checkpoint_id": check.checkpoint_id(checkpoint_id),
+                "step": check.integer("step", step, -1, 2**31 - 1),
+                "now": check.now(now),
+            },
+        )
+        return bool(rows)
 
 
 def _create(stmt: Statement, params: dict[str, Any]) -> Plan[tuple[AgentRun, bool]]:

@@ -11,6 +11,7 @@ from bench import (
     drain_phase,
     fanout_phase,
     heartbeat_scale_phase,
+    langgraph_phase,
     operator_phase,
     pickup_phase,
     pooler_phase,
@@ -21,7 +22,7 @@ from bench.server import BenchServer
 # Phases about deployment and operation, each on a fresh database: pickup latency and idle load
 # (wake-ups), the operator's queries at scale, the repository through PgBouncer, the asyncio
 # repository beside the sync one, heartbeats of 10,000 live leases, and the drain rate of one
-# worker process.
+# worker process, and what a checkpointed LangGraph step costs next to an attempt.
 DEPLOYMENT_PHASES: Final = (
     ("pickup", pickup_phase),
     ("operator", operator_phase),
@@ -31,6 +32,7 @@ DEPLOYMENT_PHASES: Final = (
     ("heartbeat_scale", heartbeat_scale_phase),
     ("drain", drain_phase),
     ("fanout", fanout_phase),
+    ("langgraph", langgraph_phase),
 )
 
 

@@ -16,8 +16,8 @@ decided AS (
     SELECT *
     FROM unnest((SELECT run_ids FROM batch), (SELECT %(worker_ids)s::text[]),
                 (SELECT %(statuses)s::text[]), (SELECT %(error_types)s::text[]),
-                (SELECT %(error_messages)s::text[]))
-         AS d (run_id, worker_id, status, error_type, error_message)
+                (SELECT %(error_messages)s::text[]), (SELECT %(outputs)s::text[]))
+         AS d (run_id, worker_id, status, error_type, error_message, output)
 ),
 locked AS (
     SELECT r.id
@@ -29,7 +29,8 @@ locked AS (
 ),
 finished AS (
     UPDATE agent_runs r
-    SET (status, error_type, error_message) = (d.status, d.error_type, d.error_message),
+    SET (status, error_type, error_message, output) =
+        (d.status, d.error_type, d.error_message, d.output::jsonb),
         (worker_id, heartbeat_at, lease_expires_at) = (NULL, NULL, NULL),
         finished_at = clock.now,
         updated_at = clock.now

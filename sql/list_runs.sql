@@ -5,7 +5,7 @@
 -- to:   nothing (read only)
 -- returns: at most limit runs, each with its attempt count and its last attempt's owner token;
 --          with documents false, input_payload, error_message, manifest and trace_context are
---          NULL (a listing: the values are never read from TOAST nor sent)
+--          NULL (a listing: the values are never read from TOAST nor sent); output always
 -- notes: sql/README.md (clock); two halves with the same filters, merged: settled runs (pending
 --        or finished) through the listing indexes, which leave live runs out, and live runs
 --        (few, one per lease) through ix_agent_runs_live (NOT MATERIALIZED: each half reads its
@@ -81,6 +81,8 @@ SELECT page.id, page.request_id, page.thread_id, page.agent_slug, page.uid, page
        page.manifest_fingerprint, page.manifest_recorded_at, page.started_at, page.finished_at,
        page.created_at, page.updated_at,
        CASE WHEN %(documents)s::boolean THEN page.trace_context END AS trace_context,
+       -- a listing never reads a run's result
+       NULL::jsonb AS output,
        (SELECT count(*) FROM agent_run_attempts a WHERE a.run_id = page.id) AS attempt_count,
        (SELECT a.worker_id FROM agent_run_attempts a WHERE a.run_id = page.id
         ORDER BY a.attempt_no DESC LIMIT 1) AS last_worker_id

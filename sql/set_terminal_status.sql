@@ -1,7 +1,7 @@
 -- set_terminal_status: finish the run when the rule allows.
 -- from: pending, no worker_id (failed | cancelled); of the live owner (lease_expires_at > now):
 --       running (completed | failed | interrupted), cancel_requested (cancelled)
--- to:   status, errors, finished_at = now, no lease; owner's open attempt -> outcome = status
+-- to:   status, errors, output, finished_at = now, no lease; owner's open attempt -> outcome
 -- returns: no row for a missing run, else `changed` and the run as it is now
 -- notes: sql/README.md (clock, CASE not IN, data-modifying CTEs, wake-ups: agent_runs_finished)
 WITH clock AS (
@@ -10,8 +10,8 @@ WITH clock AS (
 finished AS (
     -- The guarded UPDATE takes the run row lock and re-checks its guard on the locked row.
     UPDATE agent_runs r
-    SET (status, error_type, error_message) =
-        (%(status)s::text, %(error_type)s::text, %(error_message)s::text),
+    SET (status, error_type, error_message, output) =
+        (%(status)s::text, %(error_type)s::text, %(error_message)s::text, %(output)s::jsonb),
         (worker_id, heartbeat_at, lease_expires_at) = (NULL, NULL, NULL),
         finished_at = clock.now,
         updated_at = clock.now

@@ -30,6 +30,7 @@ ALL = [
     "0010_trace_context",
     "0011_run_waiters",
     "0012_compact_time_checks",
+    "0015_run_output_and_resumed_from",
 ]
 AFTER_0001 = ALL[1:]
 AFTER_0002 = ALL[2:]
@@ -220,6 +221,7 @@ def test_0002_on_a_database_with_legacy_runs_back_fills_nothing(legacy_dsn: str)
         assert conn.execute("SELECT count(*) FROM agent_run_attempts").fetchone() == (0,)
     after = _runs(legacy_dsn)
     assert all(run.pop("trace_context") is None for run in after)  # 0010 adds it, NULL
+    assert all(run.pop("output") is None for run in after)  # 0015 adds it, NULL
     assert after == before
     with agent_runs.connect(legacy_dsn) as conn:
         repo = AgentRunRepository(conn)
@@ -415,7 +417,10 @@ def _window_refusals(url: str) -> list[tuple[str, str, str | None, str]]:
 def test_0012_refuses_exactly_what_0003s_time_window_refused_and_rolls_back_exactly(
     blank_dsn: str,
 ) -> None:
+    newer = ALL[ALL.index("0012_compact_time_checks") + 1 :]
     apply_migrations(blank_dsn)
+    if newer:
+        assert rollback_migrations(blank_dsn, count=len(newer)) == newer[::-1]
     compact, compact_schema = _window_refusals(blank_dsn), schema(blank_dsn)
     assert rollback_migrations(blank_dsn, count=1) == ["0012_compact_time_checks"]
     verbose = _window_refusals(blank_dsn)
@@ -429,7 +434,9 @@ def test_0012_refuses_exactly_what_0003s_time_window_refused_and_rolls_back_exac
     assert outcomes["agent_run_attempts", "finished_at", "9000-01-01 00:00Z"] == "refused"
     rolled_back = schema(blank_dsn)
     assert rollback_migrations(blank_dsn, count=1) == ["0011_run_waiters"]
-    assert apply_migrations(blank_dsn) == ["0011_run_waiters", "0012_compact_time_checks"]
+    assert apply_migrations(blank_dsn) == ["0011_run_waiters", "0012_compact_time_checks", *newer]
+    if newer:
+        assert rollback_migrations(blank_dsn, count=len(newer)) == newer[::-1]
     assert schema(blank_dsn) == compact_schema
     assert rollback_migrations(blank_dsn, count=1) == ["0012_compact_time_checks"]
     assert schema(blank_dsn) == rolled_back

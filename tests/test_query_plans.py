@@ -201,6 +201,7 @@ def test_a_transition_looks_up_its_run_and_its_attempt(seeded: Conn, mode: str, 
         "status": "completed",
         "error_type": None,
         "error_message": None,
+        "output": None,
     }
     plan = _plan(seeded, name, params, mode)
     _assert_lookups(plan, "agent_runs", "id")
@@ -263,6 +264,7 @@ def test_finish_runs_looks_up_each_run_and_attempt_of_the_batch(seeded: Conn, mo
         "statuses": ["completed"] * len(run_ids),
         "error_types": [None] * len(run_ids),
         "error_messages": [None] * len(run_ids),
+        "outputs": [None] * len(run_ids),
         "now": None,
     }
     plan = _plan(seeded, "finish_runs", params, mode)
@@ -282,6 +284,7 @@ def test_finish_runs_and_claim_looks_up_the_batch_and_reads_the_claimable_index_
         "statuses": ["completed"] * len(run_ids),
         "error_types": [None] * len(run_ids),
         "error_messages": [None] * len(run_ids),
+        "outputs": [None] * len(run_ids),
         "worker_ids": [f"claimer-{n}" for n in range(len(run_ids))],
     }
     plan = _plan(seeded, "finish_runs_and_claim", params, mode)

@@ -96,8 +96,10 @@ def test_agent_runs_has_the_specified_columns_and_types(observer: Conn) -> None:
         "created_at",
         "updated_at",
         "trace_context",  # 0010, agent_runs.telemetry
+        "output",  # 0015, the run's result
     }
     assert columns["trace_context"] == ("jsonb", True)
+    assert columns["output"] == ("jsonb", True)
     for name in TIMESTAMP_COLUMNS["agent_runs"]:
         assert columns[name][0] == "timestamp with time zone", name
     assert columns["input_payload"] == ("jsonb", False)
@@ -242,7 +244,11 @@ def test_agent_run_attempts_has_the_specified_columns_and_types(observer: Conn) 
         "error_message",
         "created_at",
         "updated_at",
+        "resumed_from",  # 0015, a checkpointed execution's resume point
+        "resumed_step",
     }
+    assert columns["resumed_from"] == ("text", True)
+    assert columns["resumed_step"] == ("integer", True)
     for name in TIMESTAMP_COLUMNS["agent_run_attempts"]:
         assert columns[name][0] == "timestamp with time zone", name
     assert columns["id"] == ("bigint", False)
@@ -562,8 +568,10 @@ def test_the_update_guard_fires_after_and_only_for_forbidden_changes(observer: C
     ).fetchall()
     definitions = dict(rows)
     updates = [d for d in definitions.values() if "UPDATE" in d]
-    assert len(updates) == 1, definitions
-    assert "AFTER UPDATE" in updates[0] and "WHEN" in updates[0], updates[0]
+    # 0005's guard, and 0015's write-once guard of the resume point
+    assert len(updates) == 2, definitions
+    for update in updates:
+        assert "AFTER UPDATE" in update and "WHEN" in update, update
     deletes = [d for d in definitions.values() if "DELETE" in d]
     assert len(deletes) == 1 and "BEFORE DELETE" in deletes[0], definitions
 

@@ -66,6 +66,7 @@ class AsyncAgentRunRepository(AsyncDriver):
     request_cancel = _coroutine(Sync.request_cancel)
     reconcile_expired_leases = _coroutine(Sync.reconcile_expired_leases)
     record_run_manifest = _coroutine(Sync.record_run_manifest)
+    record_resumed_from = _coroutine(Sync.record_resumed_from)
     create_runs = _coroutine(Sync.create_runs)
     # operating
     list_runs = _coroutine(Sync.list_runs)

@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from agent_runs.cli.common import check_dsn, positive_float, positive_int
+from agent_runs.cli.common import UsageError, check_dsn, positive_float, positive_int
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -23,6 +23,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "--timeout", type=positive_float, default=60.0, metavar="S", help="give up after S (60)"
     )
     p.add_argument("--show-worker-logs", action="store_true", help="pass the workers' logs through")
+    p.add_argument(
+        "--langgraph",
+        action="store_true",
+        help="a LangGraph agent's worker crashes mid-graph and another resumes it "
+        "(agent_runs[langgraph])",
+    )
     p.set_defaults(func=cmd_demo)
 
 
@@ -32,6 +38,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     dsn = args.dsn or os.environ.get("DATABASE_URL") or None
     if dsn is not None:
         check_dsn(dsn)
+    if args.langgraph:
+        try:
+            from agent_runs.devtools.langgraph_demo import run_langgraph_demo
+        except ImportError as exc:
+            raise UsageError(
+                f"--langgraph needs the langgraph extra: pip install 'agent_runs[langgraph]' "
+                f"({exc})"
+            ) from None
+        return run_langgraph_demo(dsn, lease_seconds=args.lease_seconds, timeout=args.timeout)
     return run_demo(
         dsn,
         lease_seconds=args.lease_seconds,

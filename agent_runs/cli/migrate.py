@@ -5,12 +5,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from agent_runs.cli.common import resolve_dsn
+from agent_runs.cli.common import UsageError, resolve_dsn
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("migrate", parents=[common], help="apply the schema migrations")
     p.add_argument("--rollback", action="store_true", help="roll back the last migration")
+    p.add_argument(
+        "--langgraph",
+        action="store_true",
+        help="also create or upgrade langgraph-checkpoint-postgres's tables "
+        "(agent_runs[langgraph]: its own migrations)",
+    )
     p.set_defaults(func=cmd_migrate)
 
 
@@ -25,4 +31,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     else:
         done = apply_migrations(dsn)
         print(f"applied: {', '.join(done)}" if done else "already up to date")
+    if args.langgraph and not args.rollback:
+        try:
+            from agent_runs.langgraph import setup
+        except ImportError as exc:
+            raise UsageError(
+                "--langgraph needs the langgraph extra: "
+                f"pip install 'agent_runs[langgraph]' ({exc})"
+            ) from None
+        setup(dsn)
+        print("langgraph checkpoints: up to date")
     return 0

@@ -20,7 +20,7 @@ from agent_runs.errors import InvalidArgument
 from agent_runs.explain import explain_run
 from agent_runs.models import AgentRun
 
-DOCUMENTS: Final = ("payload", "manifest", "run")
+DOCUMENTS: Final = ("payload", "manifest", "output", "run")
 # Latest attempts shown on a run page (a crash-looping run may hold thousands: the page stays
 # bounded; `agent-runs attempts` lists them all).
 ATTEMPTS_SHOWN: Final = 100
@@ -116,7 +116,7 @@ def tree_page(request: Request) -> Response:
 
 @guarded
 def document(request: Request) -> Response:
-    """The whole payload, manifest or run as JSON (the run page shows them cut)."""
+    """The whole payload, manifest, output or run as JSON (the run page shows them cut)."""
     only(request.query_params, ())
     config = settings(request)
     kind = request.path_params["kind"]
@@ -130,6 +130,8 @@ def document(request: Request) -> Response:
         value = run.input_payload
     elif kind == "manifest":
         value = run.manifest
+    elif kind == "output":
+        value = run.output
     else:
         value = {k: plain(v) for k, v in dataclasses.asdict(run).items()}
     # ensure_ascii: every character outside ASCII as an escape, so the body is plain ASCII.

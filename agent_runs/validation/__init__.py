@@ -14,6 +14,8 @@ Limits (the schema enforces the same time window, see migrations/0003_timestamp_
 - JSON (input_payload, manifest): an object of strict JSON: str keys, finite floats, ints of
   fewer than 4,000 digits, no NUL and no lone surrogate in any key or string, at most 64
   nested containers (checked iteratively: no recursion, whatever the depth of the input).
+- output (a run's result): any strict JSON value under the same rules, at most 1 MiB of JSON
+  text (UTF-8); None means no output.
 - error_message is never refused but made storable (see `error_message`); error_type is
   refused when invalid from a direct caller, and kept inside the message by `agent_error`.
 - Worker settings: name 1-95 characters (owner tokens are `name:` + 32 hex digits, <= 128),
@@ -34,6 +36,8 @@ from agent_runs.validation.documents import (
     canonical_json,
     json_document,
     json_object,
+    json_value,
+    output_text,
 )
 from agent_runs.validation.limits import (
     INVALID_ERROR_TYPE,
@@ -48,6 +52,7 @@ from agent_runs.validation.limits import (
     MAX_JSON_INT,
     MAX_LEASE_SECONDS,
     MAX_LIMIT,
+    MAX_OUTPUT_BYTES,
     MAX_POLL_SECONDS,
     MAX_TIMEOUT_SECONDS,
     MAX_TRIES,
@@ -75,6 +80,7 @@ from agent_runs.validation.settings import (
 )
 from agent_runs.validation.text import (
     agent_error,
+    checkpoint_id,
     error_message,
     error_type,
     fingerprint,
@@ -105,6 +111,7 @@ __all__ = [
     "MAX_JSON_INT",
     "MAX_LEASE_SECONDS",
     "MAX_LIMIT",
+    "MAX_OUTPUT_BYTES",
     "MAX_POLL_SECONDS",
     "MAX_TIMEOUT_SECONDS",
     "MAX_TRIES",
@@ -116,6 +123,7 @@ __all__ = [
     "agent_error",
     "agent_slugs",
     "canonical_json",
+    "checkpoint_id",
     "completion",
     "error_message",
     "error_type",
@@ -128,6 +136,7 @@ __all__ = [
     "integer",
     "json_document",
     "json_object",
+    "json_value",
     "lease",
     "lease_seconds",
     "leases",
@@ -137,6 +146,7 @@ __all__ = [
     "optional_dsn",
     "optional_identifier",
     "optional_worker_id",
+    "output_text",
     "poll_seconds",
     "run_type",
     "terminal_status",

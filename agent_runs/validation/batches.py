@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from agent_runs.errors import InvalidArgument
+from agent_runs.validation.documents import output_text
 from agent_runs.validation.limits import MAX_BATCH
 from agent_runs.validation.text import (
     error_message,
@@ -48,23 +49,24 @@ def worker_ids(value: object) -> list[str]:
 
 
 def finishes(value: object) -> list[list[str | None]]:
-    """finish_runs: 1..MAX_BATCH Finish values of distinct runs, as five parallel lists
-    (run_ids, worker_ids, statuses, error_types, error_messages)."""
+    """finish_runs: 1..MAX_BATCH Finish values of distinct runs, as six parallel lists
+    (run_ids, worker_ids, statuses, error_types, error_messages, outputs as JSON text)."""
     items = _batch("finishes", value)
-    columns: list[list[str | None]] = [[], [], [], [], []]
+    columns: list[list[str | None]] = [[], [], [], [], [], []]
     for item in items:
-        if not isinstance(item, tuple) or len(item) != 5:
+        if not isinstance(item, tuple) or len(item) not in (5, 6):
             raise InvalidArgument(
-                "finishes must hold Finish(run_id, worker_id, status, error_type, error_message)"
-                f" values, got {type(item).__name__}"
+                "finishes must hold Finish(run_id, worker_id, status, error_type, error_message,"
+                f" output) values, got {type(item).__name__}"
             )
-        run_id, owner, status, error, message = item
+        run_id, owner, status, error, message, *rest = item
         row = (
             identifier("finishes run_id", run_id),
             worker_id(owner, "finishes worker_id"),
             terminal_status(status).value,
             error_type(error),
             error_message(message),
+            output_text(rest[0] if rest else None, "finishes output"),
         )
         for column, field in zip(columns, row, strict=True):
             column.append(field)

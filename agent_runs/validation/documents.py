@@ -1,4 +1,4 @@
-"""JSON documents (input_payload, manifest): strict JSON, checked without recursion."""
+"""JSON documents (input_payload, manifest, output): strict JSON, checked without recursion."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 from agent_runs.errors import InvalidArgument
-from agent_runs.validation.limits import MAX_JSON_DEPTH, MAX_JSON_INT
+from agent_runs.validation.limits import MAX_JSON_DEPTH, MAX_JSON_INT, MAX_OUTPUT_BYTES
 from agent_runs.validation.text import _encodable, _plain, _shown
 
 
@@ -48,7 +48,9 @@ def _as_jsonb(number: float) -> float | int:
     return 0.0 if number == 0 else number
 
 
-def json_document(name: str, value: object, *, as_stored: bool = False) -> dict[str, Any]:
+def json_document(
+    name: str, value: object, *, as_stored: bool = False, _root_depth: int = 1
+) -> dict[str, Any]:
     """`value` as a plain dict of strict JSON (see the module doc), checked without recursion.
 
     Mappings become dicts, tuples lists, str/int/float subclasses plain values. With
@@ -59,7 +61,7 @@ def json_document(name: str, value: object, *, as_stored: bool = False) -> dict[
     root: dict[str, Any] = {}
     # (source container, its plain copy, depth of the source)
     stack: list[tuple[Mapping[Any, Any] | list[Any] | tuple[Any, ...], Any, int]] = [
-        (value, root, 1)
+        (value, root, _root_depth)
     ]
     while stack:
         source, copy, depth = stack.pop()
@@ -103,3 +105,27 @@ def canonical_json(manifest: object) -> str:
     """The canonical JSON text of a manifest as it reads back from jsonb (see the fingerprint)."""
     stored = json_document("manifest", manifest, as_stored=True)
     return json.dumps(stored, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def json_value(name: str, value: object) -> Any:
+    """Any value of strict JSON (an object, an array or a scalar) as a plain value, under the
+    rules of `json_document` (the same depth limit)."""
+    if isinstance(value, Mapping):
+        return json_document(name, value)
+    if isinstance(value, list | tuple):
+        return json_document(name, {"": value}, _root_depth=0)[""]
+    return _scalar(name, value, False)
+
+
+def output_text(value: object, name: str = "output") -> str | None:
+    """A run's output as the JSON text sent to jsonb (None: no output): any strict JSON value
+    whose JSON text is at most MAX_OUTPUT_BYTES bytes of UTF-8."""
+    if value is None:
+        return None
+    text = json.dumps(json_value(name, value), ensure_ascii=False, separators=(",", ":"))
+    size = len(text.encode())
+    if size > MAX_OUTPUT_BYTES:
+        raise InvalidArgument(
+            f"{name} must be at most {MAX_OUTPUT_BYTES:,} bytes of JSON text, got {size:,}"
+        )
+    return text

@@ -8,6 +8,8 @@ from typing import Final
 
 MAX_ID_LENGTH: Final = 64
 MAX_WORKER_ID_LENGTH: Final = 128
+# Where an attempt resumed (a LangGraph checkpoint id is a 36-character UUID).
+MAX_CHECKPOINT_ID_LENGTH: Final = 128
 # Owner tokens are f"{name}:{uuid4().hex}": the name leaves room for ":" and 32 hex digits.
 MAX_WORKER_NAME_LENGTH: Final = MAX_WORKER_ID_LENGTH - 33
 MAX_ERROR_TYPE_LENGTH: Final = 64
@@ -23,6 +25,10 @@ MAX_LIMIT: Final = 100_000
 MAX_BATCH: Final = 1000  # runs per claim_next_attempts / finish_runs call
 MAX_DSN_LENGTH: Final = 4096
 MAX_JSON_DEPTH: Final = 64
+# A run's output, in bytes of its JSON text (UTF-8). A result is read whole by every get_run and
+# wait_for_run and sent to every waiter: 1 MiB holds a long conversation's final state; larger
+# artifacts belong in object storage, the output naming them.
+MAX_OUTPUT_BYTES: Final = 1 << 20
 # Python refuses to print ints of more than 4,300 digits by default; jsonb would keep them,
 # but they could not be read back. One bound below both.
 MAX_JSON_INT: Final = 10**4000

@@ -10,6 +10,7 @@ from agent_runs.validation.limits import (
     _REPLACEMENT,
     INVALID_ERROR_TYPE,
     MAX_BAD_ERROR_TYPE_SHOWN,
+    MAX_CHECKPOINT_ID_LENGTH,
     MAX_ERROR_MESSAGE_LENGTH,
     MAX_ERROR_TYPE_LENGTH,
     MAX_ID_LENGTH,
@@ -161,3 +162,8 @@ def run_type(value: object) -> str:
     if not isinstance(value, str) or value not in RUN_TYPES:
         raise InvalidArgument(f"run_type must be one of {sorted(RUN_TYPES)}, got {_shown(value)}")
     return _plain(value)
+
+
+def checkpoint_id(value: object) -> str:
+    """A checkpoint id (where an attempt resumed): 1-128 characters, no NUL."""
+    return _text("checkpoint_id", value, MAX_CHECKPOINT_ID_LENGTH)

@@ -175,6 +175,7 @@ class Completer:
                 worker_id=lease.worker_id,
                 error_type=decision.error_type,
                 error_message=decision.error_message,
+                output=decision.output,
             )
             if transition.run is not None and transition.changed:
                 return transition.run, None
@@ -214,7 +215,12 @@ def finish_of(run: AgentRun, lease: Lease, decision: Decision) -> Finish:
     the other threads' batch."""
     assert decision.status is not None
     finish = Finish(
-        run.id, lease.worker_id, decision.status, decision.error_type, decision.error_message
+        run.id,
+        lease.worker_id,
+        decision.status,
+        decision.error_type,
+        decision.error_message,
+        decision.output,
     )
     check.finishes([finish])
     return finish
@@ -229,6 +235,7 @@ def run_as_written(run: AgentRun, decision: Decision, finished_at: datetime | No
         status=decision.status,
         error_type=decision.error_type,
         error_message=check.error_message(decision.error_message),
+        output=decision.output,
         worker_id=None,
         heartbeat_at=None,
         lease_expires_at=None,

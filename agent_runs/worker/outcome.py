@@ -5,7 +5,8 @@ In order: a cancel request -> `cancelled`; the agent raised SystemExit or Keyboa
 released for retry unless the agent returned `completed`; RetryableError -> released while
 attempt_no < max_tries (the attempt keeps `retryable_error` and its text), else `failed` /
 `retries_exhausted`; any other exception -> `failed` / `agent_error`; a value that is not a
-valid AgentResult -> `failed` / `agent_error`, saying what it was; else the AgentResult. A
+valid AgentResult -> `failed` / `agent_error`, saying what it was; an output the JSON rules
+refuse -> `failed` / `invalid_output`, saying why; else the AgentResult. A
 cancel or a shutdown release keeps the error the agent's ending carried. Error text from the
 agent is a fact: it is made storable, never dropped.
 """
@@ -13,10 +14,10 @@ agent is a fact: it is made storable, never dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from agent_runs import validation as check
-from agent_runs.errors import RetryableError
+from agent_runs.errors import InvalidArgument, RetryableError
 from agent_runs.models import RunStatus
 from agent_runs.worker.protocol import AgentResult
 from agent_runs.worker.text import exception_text
@@ -35,6 +36,7 @@ class Decision:
     status: RunStatus | None
     error_type: str | None = None
     error_message: str | None = None
+    output: Any = None  # the run's result, checked against the JSON rules
 
     @property
     def releases(self) -> bool:
@@ -133,9 +135,15 @@ def _from_result(result: object) -> Decision:
             f"or interrupted (its error: {_describe(result.error_type)}: "
             f"{_describe(result.error_message)})",
         )
+    if result.output is not None:
+        try:
+            check.output_text(result.output)
+        except InvalidArgument as exc:
+            return _failure(RunStatus.FAILED, "invalid_output", f"the agent's {exc}")
     if status == RunStatus.COMPLETED:
-        return Decision(RunStatus.COMPLETED)
-    return _failure(status, result.error_type, result.error_message)
+        return Decision(RunStatus.COMPLETED, output=result.output)
+    failure = _failure(status, result.error_type, result.error_message)
+    return Decision(failure.status, failure.error_type, failure.error_message, result.output)
 
 
 def _failure(status: RunStatus | None, error_type: object, error_message: object) -> Decision:

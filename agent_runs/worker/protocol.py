@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from psycopg_pool import ConnectionPool
+
+from agent_runs.errors import DB_ERRORS, LeaseLost
 from agent_runs.fingerprint import manifest_fingerprint
 from agent_runs.models import AgentRun, RunStatus
 from agent_runs.repository import AgentRunRepository
+from agent_runs.worker import subagents
 from agent_runs.worker.heartbeat import HeartbeatService, Lease
 
 T = TypeVar("T")
@@ -23,18 +29,22 @@ class AgentResult:
     status: RunStatus
     error_type: str | None = None
     error_message: str | None = None
+    # The run's result (any JSON value, at most 1 MiB of JSON text); one the JSON rules refuse
+    # fails the run `invalid_output`.
+    output: Any = None
 
     @classmethod
-    def completed(cls) -> AgentResult:
-        return cls(RunStatus.COMPLETED)
+    def completed(cls, output: Any = None) -> AgentResult:
+        return cls(RunStatus.COMPLETED, output=output)
 
     @classmethod
     def failed(cls, error_type: str, message: str) -> AgentResult:
         return cls(RunStatus.FAILED, error_type, message)
 
     @classmethod
-    def interrupted(cls, error_type: str, message: str) -> AgentResult:
-        return cls(RunStatus.INTERRUPTED, error_type, message)
+    def interrupted(cls, error_type: str, message: str, output: Any = None) -> AgentResult:
+        """Ended waiting for something (a human's input); `output` may say what it waits for."""
+        return cls(RunStatus.INTERRUPTED, error_type, message, output)
 
 
 class Executor(Protocol):
@@ -49,6 +59,11 @@ class Executor(Protocol):
     def with_lease_retry(
         self, lease: Lease, call: Callable[[AgentRunRepository], T], what: str
     ) -> T: ...
+
+    def repository(self) -> AbstractContextManager[AgentRunRepository]: ...
+
+    @property
+    def pool(self) -> ConnectionPool: ...
 
 
 class RunContext:
@@ -70,6 +85,11 @@ class RunContext:
         self.attempt_no = attempt_no
         self.worker_id = lease.worker_id
         self.lease_seconds = lease.lease_seconds
+        # Where a sub-agent call without a key happens, set by an agent adapter (a LangGraph
+        # node: its task); None: the attempt itself. Calls are counted per scope.
+        self.subagent_scope: Callable[[], str | None] | None = None
+        self._subagent_calls: Counter[str | None] = Counter()
+        self._subagent_lock = threading.Lock()
 
     def stop_reason(self) -> str | None:
         """Why the agent should stop (`cancel_requested`, `lease_lost`, `shutdown`), or None."""
@@ -116,6 +136,82 @@ class RunContext:
             return transition.changed
 
         return self._worker.with_lease_retry(self._lease, write, "record the manifest")
+
+    @property
+    def pool(self) -> ConnectionPool:
+        """The worker's connection pool (its database: an agent's own tables may live there)."""
+        return self._worker.pool
+
+    def record_resumed_from(self, checkpoint_id: str, step: int) -> bool:
+        """Record, once, the checkpoint (and its step) this attempt resumed an earlier attempt's
+        execution from; False if already recorded. Raises LeaseLost as record_manifest does."""
+
+        def write(repo: AgentRunRepository) -> bool:
+            return repo.record_resumed_from(
+                self.run_id, worker_id=self.worker_id, checkpoint_id=checkpoint_id, step=step
+            )
+
+        return self._worker.with_lease_retry(self._lease, write, "record the resume point")
+
+    def create_subagent_run(
+        self,
+        *,
+        agent_slug: str,
+        input_payload: Mapping[str, Any] | None = None,
+        thread_id: str | None = None,
+        request_id: str | None = None,
+        key: str | None = None,
+    ) -> AgentRun:
+        """Create (or, for the same key, find again) a `subagent` run whose parent is this run.
+
+        Unless given, `request_id` and `thread_id` derive from this run's id and `key` (default:
+        the call's order in this attempt, within the scope an adapter set), so the next attempt
+        of this run finds the child this one created (agent_runs.worker.subagents).
+        """
+        if key is None:
+            scope = self.subagent_scope() if self.subagent_scope is not None else None
+            with self._subagent_lock:
+                self._subagent_calls[scope] += 1
+                key = f"{scope or ''}#{self._subagent_calls[scope]}"
+        derived = subagents.child_ids(self.run_id, subagents.checked_key(key))
+
+        def create(repo: AgentRunRepository) -> AgentRun:
+            return repo.create_run(
+                thread_id=derived if thread_id is None else thread_id,
+                agent_slug=agent_slug,
+                uid=self.run.uid,
+                request_id=derived if request_id is None else request_id,
+                input_payload=input_payload,
+                run_type="subagent",
+                created_by_run_id=self.run_id,
+            )
+
+        return self._worker.with_lease_retry(self._lease, create, "create a sub-agent run")
+
+    def wait_for_run(self, run_id: str, timeout_seconds: float) -> AgentRun:
+        """The run (a child) once it is final; as it is as soon as this run should stop
+        (cancel, lost lease, shutdown); TimeoutError after `timeout_seconds`. It blocks: a
+        coroutine agent awaits it with `asyncio.to_thread`."""
+        last: list[AgentRun] = []
+
+        def read() -> AgentRun | None:
+            try:
+                run = self._worker.with_lease_retry(
+                    self._lease, lambda repo: repo.get_run(run_id), "read a sub-agent run"
+                )
+            except LeaseLost:
+                try:
+                    with self._worker.repository() as repo:
+                        run = repo.get_run(run_id)
+                except DB_ERRORS:
+                    if not last:
+                        raise
+                    run = last[-1]
+            if run is not None:
+                last[:] = [run]
+            return run
+
+        return subagents.wait_for_child(run_id, read, self.should_stop, self.wait, timeout_seconds)
 
 
 # A coroutine agent (`async def agent(run, ctx)`) runs on its worker thread's event loop
