@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import aclosing
 from typing import Any, LiteralString
 
 import psycopg
@@ -98,23 +99,32 @@ class _Waiter:
         if not self.listening:
             await asyncio.sleep(min(FLOODED_POLL_SECONDS, max(0.0, until - time.monotonic())))
             return
-        others = 0
-        async for notify in self.conn.notifies(timeout=max(0.0, until - time.monotonic())):
-            if notify.channel == FINISHED_CHANNEL and notify.payload == self.run_id:
-                return
-            others += 1
-            if others > FLOOD_NOTIFICATIONS:
-                # Every statement on this connection would queue behind others' notifications:
-                # stop them at their source, drop what came before UNLISTEN, and poll.
-                self.listening = False
-                async with turn(self.conn):
-                    await _execute(self.conn, _UNLISTEN_FINISHED)
-                async for _ in self.conn.notifies(timeout=0):
+        if await self._flooded(until):
+            # Every statement on this connection would queue behind others' notifications:
+            # stop them at their source, drop what came before UNLISTEN, and poll.
+            self.listening = False
+            async with turn(self.conn):
+                await _execute(self.conn, _UNLISTEN_FINISHED)
+            # notifies() holds the connection until it is closed: closed before any statement.
+            async with aclosing(self.conn.notifies(timeout=0)) as received:
+                async for _ in received:
                     if time.monotonic() >= self.deadline:
                         break
-                return
-            if time.monotonic() >= until:
-                return
+
+    async def _flooded(self, until: float) -> bool:
+        """Read notifications until the run's, or `until`; True when others flooded in (more
+        than FLOOD_NOTIFICATIONS)."""
+        others = 0
+        async with aclosing(self.conn.notifies(timeout=max(0.0, until - time.monotonic()))) as got:
+            async for notify in got:
+                if notify.channel == FINISHED_CHANNEL and notify.payload == self.run_id:
+                    return False
+                others += 1
+                if others > FLOOD_NOTIFICATIONS:
+                    return True
+                if time.monotonic() >= until:
+                    return False
+        return False
 
 
 async def _register(
