@@ -31,7 +31,10 @@ from agent_runs.operations import (
 )
 from agent_runs.repository import AgentRunRepository
 
-__version__ = metadata.version("agent_runs")
+try:
+    __version__ = metadata.version("agent_runs")
+except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "CLAIMABLE_CHANNEL",

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from agent_runs.sql import query
 from agent_runs.steps import Done, Execute, Failed, Plan, Step, Stream, Transaction, next_step, pull
@@ -77,8 +78,9 @@ class SyncDriver:
             return Failed(exc)
 
     def _statement(self, step: Execute) -> list[Row]:
-        """One statement in the transaction that is open (never prepared: see _execute)."""
-        cur = self.conn.cursor()
+        """One statement in the transaction that is open (never prepared: see _execute), read
+        as tuples whatever row factory the connection has."""
+        cur = self.conn.cursor(row_factory=tuple_row)
         cur.execute(query(step.stmt.file), step.params, prepare=False)
         return rows_of(cur)
 

@@ -20,10 +20,11 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, LiteralString
 
 import psycopg
 from psycopg import pq
+from psycopg.rows import tuple_row
 
 from agent_runs import validation as check
 from agent_runs import waiters
@@ -32,6 +33,7 @@ from agent_runs.errors import InvalidArgument
 from agent_runs.logs import logger
 from agent_runs.models import AgentRun
 from agent_runs.repository import AgentRunRepository
+from agent_runs.turns import turns
 
 CLAIMABLE_CHANNEL: Final = "agent_runs_claimable"
 FINISHED_CHANNEL: Final = "agent_runs_finished"
@@ -74,12 +76,14 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
 
     Raises InvalidArgument for bad arguments or an unknown run, TimeoutError when the run is not
     terminal after `timeout_seconds`. `conn` must be an autocommit connection outside a
-    transaction; it is LISTENing on agent_runs_finished only during the call (and occupied by
-    it), and is left idle afterwards.
+    transaction, of any row factory; it is LISTENing on agent_runs_finished only during the
+    call (and occupied by it), and is left idle afterwards. Its statements take turns with
+    repository calls from other threads sharing `conn`, never running inside their
+    transaction().
     """
     run_id = check.identifier("run_id", run_id)
     timeout = check.timeout_seconds(timeout_seconds)
-    if not conn.autocommit or conn.info.transaction_status != pq.TransactionStatus.IDLE:
+    if not conn.autocommit:
         raise InvalidArgument("conn must be an idle autocommit connection (LISTEN needs it)")
     deadline = time.monotonic() + timeout
     repo = AgentRunRepository(conn)
@@ -88,8 +92,18 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
     # terminal in the read. Registering first keeps others' notifications off this connection
     # while it registers.
     waiter_id = waiters.new_waiter_id()
-    registered = waiters.register(conn, run_id, waiter_id, timeout)
-    conn.execute(_LISTEN_FINISHED, prepare=False)
+    turn = turns(conn)
+    if not turn.acquire(timeout=timeout):
+        raise TimeoutError(
+            f"run {run_id!r}: the connection stayed busy with other calls for {timeout:g} seconds"
+        )
+    try:
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            raise InvalidArgument("conn must be an idle autocommit connection (LISTEN needs it)")
+        registered = waiters.register(conn, run_id, waiter_id, timeout)
+        _execute(conn, _LISTEN_FINISHED)
+    finally:
+        turn.release()
     listening = True
     try:
         run = repo.get_run(run_id)
@@ -108,7 +122,8 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
             ):
                 # Flooded: every statement on this connection would queue behind others'
                 # notifications. Stop them at their source and poll for the rest of the call.
-                conn.execute(_UNLISTEN_FINISHED, prepare=False)
+                with turn:
+                    _execute(conn, _UNLISTEN_FINISHED)
                 listening = False
                 _discard_received(conn, until=deadline)
             fresh = repo.get_run(run_id)
@@ -117,14 +132,21 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
             run = fresh
         return run
     finally:
-        if (
-            not conn.closed
-            and not conn.broken
-            and conn.info.transaction_status == pq.TransactionStatus.IDLE
-        ):
-            conn.execute(_UNLISTEN_FINISHED, prepare=False)
-            if registered:
-                waiters.unregister(conn, run_id, waiter_id)
+        with turn:
+            if (
+                not conn.closed
+                and not conn.broken
+                and conn.info.transaction_status == pq.TransactionStatus.IDLE
+            ):
+                _execute(conn, _UNLISTEN_FINISHED)
+                if registered:
+                    waiters.unregister(conn, run_id, waiter_id)
+
+
+def _execute(conn: psycopg.Connection[Any], statement: LiteralString) -> None:
+    """A statement without parameters, never through the connection's own row factory."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(statement, prepare=False)
 
 
 def _await_finished(conn: psycopg.Connection[Any], run_id: str, *, until: float) -> bool:
@@ -258,7 +280,7 @@ class Wakeups:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self._conninfo, **self._connect_kwargs) as conn:
-                    conn.execute(_LISTEN_CLAIMABLE, prepare=False)
+                    _execute(conn, _LISTEN_CLAIMABLE)
                     if not self._probe(conn):
                         log.warning(
                             "wake-ups do not reach the %s listener (a transaction pooler "
@@ -298,8 +320,11 @@ class Wakeups:
         a transaction-mode pooler it does not: LISTEN held for one transaction on a server
         session that the pooler then lends to others."""
         probe = f"{_PROBE_PREFIX}{uuid.uuid4().hex}"
-        with psycopg.connect(self._conninfo, **self._connect_kwargs) as sender:
-            sender.execute(_NOTIFY_PROBE, [CLAIMABLE_CHANNEL, probe], prepare=False)
+        with (
+            psycopg.connect(self._conninfo, **self._connect_kwargs) as sender,
+            sender.cursor(row_factory=tuple_row) as cur,
+        ):
+            cur.execute(_NOTIFY_PROBE, [CLAIMABLE_CHANNEL, probe], prepare=False)
         deadline = time.monotonic() + _PROBE_SECONDS
         while (left := deadline - time.monotonic()) > 0 and not self._stop.is_set():
             for notify in conn.notifies(timeout=min(left, _LISTEN_SLICE_SECONDS)):

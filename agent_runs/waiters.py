@@ -16,6 +16,7 @@ from typing import Any, Final, LiteralString
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.rows import tuple_row
 
 from agent_runs.sql import query
 
@@ -24,6 +25,8 @@ EXPIRY_MARGIN_SECONDS: Final = 60.0
 # Longer waits keep a registration this long (their poll still sees the run end after it).
 MAX_EXPIRY_SECONDS: Final = 30 * 86400.0
 LOCK_TIMEOUT: Final = "SELECT set_config('lock_timeout', %s, true)"
+# The largest lock_timeout PostgreSQL accepts (an int of milliseconds, about 24.8 days).
+MAX_LOCK_TIMEOUT_MS: Final = 2**31 - 1
 
 
 def new_waiter_id() -> str:
@@ -42,9 +45,10 @@ def register(
     """
     lock_wait, sql, params = register_statement(run_id, waiter_id, timeout_seconds)
     try:
-        with conn.transaction():
-            conn.execute(LOCK_TIMEOUT, [lock_wait], prepare=False)
-            row = conn.execute(sql, params, prepare=False).fetchone()
+        # A cursor of our own row factory: the connection's may be any (dict_row, a class...).
+        with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+            cur.execute(LOCK_TIMEOUT, [lock_wait], prepare=False)
+            row = cur.execute(sql, params, prepare=False).fetchone()
     except pg_errors.LockNotAvailable:
         raise locked_too_long(run_id, timeout_seconds) from None
     return registered(row)
@@ -55,8 +59,10 @@ def register_statement(
 ) -> tuple[str, LiteralString, dict[str, Any]]:
     """The registration's lock_timeout, SQL and parameters (for either kind of connection)."""
     seconds = min(timeout_seconds, MAX_EXPIRY_SECONDS) + EXPIRY_MARGIN_SECONDS
-    # lock_timeout 0 would mean "wait forever": at least one millisecond.
-    lock_wait = f"{max(1, math.ceil(min(timeout_seconds, MAX_EXPIRY_SECONDS) * 1000))}ms"
+    # lock_timeout 0 would mean "wait forever": at least one millisecond; at most what the
+    # setting takes (a wait that long for a finisher's lock is no different in practice).
+    millis = math.ceil(min(timeout_seconds, MAX_EXPIRY_SECONDS) * 1000)
+    lock_wait = f"{min(max(1, millis), MAX_LOCK_TIMEOUT_MS)}ms"
     params = {"run_id": run_id, "waiter_id": waiter_id, "expires_in_seconds": seconds}
     return lock_wait, query("wait_for_run.register"), params
 
@@ -80,4 +86,5 @@ def unregister_statement(run_id: str, waiter_id: str) -> tuple[LiteralString, di
 def unregister(conn: psycopg.Connection[Any], run_id: str, waiter_id: str) -> None:
     """Remove the registration (if the run's end did not take it) and some expired ones."""
     sql, params = unregister_statement(run_id, waiter_id)
-    conn.execute(sql, params, prepare=False)
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(sql, params, prepare=False)

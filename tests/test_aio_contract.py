@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -87,36 +87,96 @@ FACES = ("sync", "async", "async-pgbouncer")
 
 class BlockingFace:
     """AsyncAgentRunRepository called synchronously: each call runs to its end on the runner's
-    event loop. Streams come back as lists; `transaction()` is a plain context manager (the
-    runner keeps one context across calls, so calls inside it join it as tasks would)."""
+    event loop. Streams come back as lists; `transaction()` is a plain context manager whose
+    block's calls run in the one task that holds the transaction (only that task's calls run
+    inside it: a call from any other task waits for its end)."""
 
     def __init__(self, runner: asyncio.Runner, repo: aio.AsyncAgentRunRepository) -> None:
         self.runner = runner
         self.repo = repo
         self.conn = repo.conn
+        self._session: _Session | None = None
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         method = getattr(self.repo, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
             answer = method(*args, **kwargs)
-            if inspect.isasyncgen(answer):
-                return iter(self.runner.run(_listed(answer)))
-            return self.runner.run(answer)
+            stream = inspect.isasyncgen(answer)
+            awaited = _listed(answer) if stream else answer
+            if self._session is not None:
+                awaited = self._session.call(awaited)
+            value = self.runner.run(awaited)
+            return iter(value) if stream else value
 
         return call
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        block = self.repo.transaction()
-        self.runner.run(block.__aenter__())
+        outer = self._session
+        session = _Session(self.repo)
+        # A block nested in another runs in the outer block's task, as a call of it.
+        start = session.run() if outer is None else outer.call(session.run())
+        task = self.runner.get_loop().create_task(start)
+        self.runner.run(session.started(task))
+        self._session = session
         try:
             yield
         except BaseException as exc:
-            if not self.runner.run(block.__aexit__(type(exc), exc, exc.__traceback__)):
+            self._session = outer
+            if not self.runner.run(session.end(task, exc)):
                 raise
         else:
-            self.runner.run(block.__aexit__(None, None, None))
+            self._session = outer
+            self.runner.run(session.end(task, None))
+
+
+class _Session:
+    """One task holding `async with repo.transaction():` and running the calls sent to it."""
+
+    def __init__(self, repo: aio.AsyncAgentRunRepository) -> None:
+        self.repo = repo
+        self.opened = asyncio.Event()
+        self.inbox: asyncio.Queue[_Item] = asyncio.Queue()
+
+    async def run(self) -> None:
+        async with self.repo.transaction():
+            self.opened.set()
+            while (item := await self.inbox.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                call, answer = item
+                try:
+                    answer.set_result(await call)
+                except Exception as exc:
+                    answer.set_exception(exc)
+
+    async def started(self, task: asyncio.Task[Any]) -> None:
+        """Once the block is open (or the task failed to open it: its error)."""
+        opened = asyncio.ensure_future(self.opened.wait())
+        await asyncio.wait({task, opened}, return_when=asyncio.FIRST_COMPLETED)
+        opened.cancel()
+        if not self.opened.is_set():
+            await task
+
+    async def call(self, call: Awaitable[Any]) -> Any:
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        await self.inbox.put((call, answer))
+        return await answer
+
+    async def end(self, task: asyncio.Task[Any], exc: BaseException | None) -> bool:
+        """Leave the block (raising `exc` in it); whether it swallowed `exc`."""
+        await self.inbox.put(exc)
+        try:
+            await task
+        except BaseException as raised:
+            if raised is exc:
+                return False
+            raise
+        return exc is not None
+
+
+_Item = tuple[Awaitable[Any], "asyncio.Future[Any]"] | BaseException | None
 
 
 async def _listed(items: AsyncIterator[Any]) -> list[Any]:

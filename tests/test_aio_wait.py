@@ -4,18 +4,23 @@ refuses what the synchronous one refuses, and leaves its connection idle, whatev
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
 
 from agent_runs import AgentRun, AgentRunRepository, InvalidArgument, RunStatus, aio
 from agent_runs.aio import notify as aio_notify
+from agent_runs.notify import WAIT_POLL_SECONDS
 from tests.helpers import new_run
+from tests.test_hardening_ii import Flood
 
 Conn = psycopg.Connection[Any]
 AsyncConn = psycopg.AsyncConnection[Any]
+_T = TypeVar("_T")
 
 
 async def _channels(aconn: AsyncConn) -> list[str]:
@@ -166,3 +171,56 @@ def test_wait_for_run_registers_its_interest_while_it_waits_and_removes_it(
     assert done.status == RunStatus.CANCELLED
     assert seen == [(1,)]
     assert observer.execute(count, [run.id]).fetchone() == (0,)
+
+
+def _in_thread(scenario: Callable[[], Coroutine[Any, Any, _T]], timeout: float) -> _T:
+    """asyncio.run(scenario()) in a thread of its own: a scenario that hangs fails the test
+    (after `timeout` seconds) instead of hanging the suite."""
+    answer: list[_T] = []
+    runner = threading.Thread(target=lambda: answer.append(asyncio.run(scenario())), daemon=True)
+    runner.start()
+    runner.join(timeout)
+    assert not runner.is_alive(), f"still waiting after {timeout:g} seconds"
+    assert answer, "the scenario raised (see the thread's traceback)"
+    return answer[0]
+
+
+def test_wait_for_run_s_deadline_holds_while_other_notifications_pour_in(
+    dsn: str, repo: AgentRunRepository
+) -> None:
+    """Past FLOOD_NOTIFICATIONS in one slice the waiter stops listening (UNLISTEN, while
+    psycopg's notifies() no longer holds the connection) and polls until its deadline."""
+    run = new_run(repo)
+
+    async def scenario() -> tuple[float, list[str]]:
+        async with await aio.connect(dsn) as aconn:
+            started = time.monotonic()
+            with pytest.raises(TimeoutError, match="still pending"):
+                await aio.wait_for_run(aconn, run.id, timeout_seconds=1)
+            return time.monotonic() - started - 1, await _channels(aconn)
+
+    with Flood(dsn):
+        time.sleep(0.5)
+        late, channels = _in_thread(scenario, 30)
+    assert late < WAIT_POLL_SECONDS, f"returned {late:.1f}s after its deadline"
+    assert channels == []
+
+
+def test_a_waiter_s_run_is_seen_ending_while_other_notifications_pour_in(
+    dsn: str, repo: AgentRunRepository
+) -> None:
+    run = new_run(repo)
+    finisher = threading.Timer(1.0, lambda: repo.request_cancel(run.id))
+
+    async def scenario() -> tuple[AgentRun, float]:
+        async with await aio.connect(dsn) as aconn:
+            started = time.monotonic()
+            finisher.start()
+            done = await aio.wait_for_run(aconn, run.id, timeout_seconds=60)
+            return done, time.monotonic() - started
+
+    with Flood(dsn):
+        done, seen_after = _in_thread(scenario, 30)
+    finisher.join()
+    assert done.status == RunStatus.CANCELLED
+    assert seen_after < 1 + 2 * WAIT_POLL_SECONDS, f"seen {seen_after:.1f}s after"

@@ -210,6 +210,89 @@ def test_a_coroutine_that_outlives_its_lease_is_cancelled_and_its_late_completio
     assert [a.outcome for a in repo.list_run_attempts(run.id)] == ["lease_expired"]
 
 
+class LoopClient:
+    """What an async HTTP or database client is to its loop: made on the running loop, served
+    by a task of that loop, usable only while that loop lives."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.requests: asyncio.Queue[asyncio.Future[str]] = asyncio.Queue()
+        self.server = self.loop.create_task(self._serve())
+
+    async def _serve(self) -> None:
+        while True:
+            answer = await self.requests.get()
+            answer.set_result("pong")
+
+    async def ping(self) -> str:
+        if self.loop is not asyncio.get_running_loop() or self.server.done():
+            raise RuntimeError("this client's event loop is gone")
+        answer: asyncio.Future[str] = self.loop.create_future()
+        await self.requests.put(answer)
+        return await answer
+
+
+class ClientKeepingAgent:
+    """A coroutine agent that makes one LoopClient per worker thread and uses it on every run;
+    its run's `step` says how the run ends."""
+
+    def __init__(self, repo: AgentRunRepository) -> None:
+        self.repo = repo
+        self.clients: dict[int, LoopClient] = {}
+        self.seen: list[tuple[str, asyncio.AbstractEventLoop, LoopClient]] = []
+
+    async def __call__(self, run: AgentRun, ctx: RunContext) -> AgentResult:
+        client = self.clients.get(threading.get_ident())
+        if client is None:
+            client = self.clients[threading.get_ident()] = LoopClient()
+        self.seen.append((run.input_payload["step"], asyncio.get_running_loop(), client))
+        assert await client.ping() == "pong"
+        step = run.input_payload["step"]
+        if step == "retry" and ctx.attempt_no == 1:
+            raise RetryableError("the model is busy")
+        if step == "boom":
+            raise ValueError("the model said no")
+        if step == "cancelled by itself":
+            raise asyncio.CancelledError
+        if step == "cancel requested":
+            self.repo.request_cancel(run.id)
+            await asyncio.sleep(3600)  # the worker cancels it
+        return AgentResult.completed()
+
+
+def test_a_coroutine_agent_s_thread_keeps_its_loop_and_clients_whatever_a_run_raises(
+    pool: ConnectionPool, repo: AgentRunRepository
+) -> None:
+    agent = ClientKeepingAgent(repo)
+    steps = ["ok", "retry", "boom", "cancelled by itself", "cancel requested", "ok"]
+    ended: dict[str, list[AgentRun]] = {}
+    with make_worker(pool, agent) as worker:
+        for step in steps:
+            run = new_run(repo, input_payload={"step": step})
+            for _ in range(2 if step == "retry" else 1):  # released, then claimed again
+                done = worker.run_once()
+                assert done is not None and done.id == run.id
+                ended.setdefault(step, []).append(done)
+    (_, loop, client) = agent.seen[0]
+    try:
+        assert [step for step, _, _ in agent.seen] == [*steps[:2], "retry", *steps[2:]]
+        assert {id(seen) for _, seen, _ in agent.seen} == {id(loop)}  # one loop for every run
+        assert {id(used) for _, _, used in agent.seen} == {id(client)}  # and one client
+        assert not loop.is_closed() and not client.server.done()
+    finally:
+        if not loop.is_closed():
+            client.server.cancel()
+            loop.run_until_complete(asyncio.gather(client.server, return_exceptions=True))
+    statuses = {step: [run.status for run in runs] for step, runs in ended.items()}
+    assert statuses == {
+        "ok": [RunStatus.COMPLETED, RunStatus.COMPLETED],
+        "retry": [RunStatus.PENDING, RunStatus.COMPLETED],
+        "boom": [RunStatus.FAILED],
+        "cancelled by itself": [RunStatus.FAILED],
+        "cancel requested": [RunStatus.CANCELLED],
+    }
+
+
 # -- end to end --------------------------------------------------------------------------------
 
 

@@ -19,7 +19,6 @@ import asyncio
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import psycopg
@@ -44,44 +43,54 @@ def idle(conn: psycopg.AsyncConnection[Any]) -> bool:
     return not conn.closed and conn.info.transaction_status == _IDLE
 
 
-class _Turns:
-    """A connection's two locks: `turn`, held by a whole call or `transaction()` so that tasks
-    sharing the connection take turns; `call`, held by each call, so that tasks that joined a
-    transaction (see `turn`) still send their calls one at a time."""
+class _Turn:
+    """A connection's turn: held by a whole call or `transaction()`, so that tasks sharing the
+    connection take turns, and the task that holds it (calls it makes inside its transaction
+    run in it). Only that task: a task it starts is another task, however it copies its
+    context, and waits for the turn like any other."""
 
-    __slots__ = ("call", "turn")
+    __slots__ = ("holder", "lock")
 
     def __init__(self) -> None:
-        self.turn = asyncio.Lock()
-        self.call = asyncio.Lock()
+        self.lock = asyncio.Lock()
+        self.holder: asyncio.Task[Any] | None = None
 
 
-_turns: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], _Turns] = (
-    weakref.WeakKeyDictionary()
-)
-# The connections whose turn this context holds: calls made inside `transaction()`, by its task
-# or by tasks it starts (they copy its context), run inside it instead of waiting for it.
-_holding: ContextVar[frozenset[int]] = ContextVar("agent_runs_aio_holding", default=frozenset())
+_turns: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], _Turn] = weakref.WeakKeyDictionary()
 
 
-def _locks(conn: psycopg.AsyncConnection[Any]) -> _Turns:
+def _turn_of(conn: psycopg.AsyncConnection[Any]) -> _Turn:
     found = _turns.get(conn)
-    return _turns.setdefault(conn, _Turns()) if found is None else found
+    return _turns.setdefault(conn, _Turn()) if found is None else found
 
 
 @asynccontextmanager
-async def turn(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
-    """Hold `conn`'s turn (unless this context holds it already)."""
-    holding = _holding.get()
-    if id(conn) in holding:
+async def turn(
+    conn: psycopg.AsyncConnection[Any], *, timeout: float | None = None
+) -> AsyncIterator[None]:
+    """Hold `conn`'s turn for the current task (at once if it holds it already); TimeoutError
+    if the turn does not come within `timeout` seconds (None: wait as long as it takes)."""
+    held = _turn_of(conn)
+    task = asyncio.current_task()
+    if task is not None and held.holder is task:
         yield
         return
-    async with _locks(conn).turn:
-        token = _holding.set(holding | {id(conn)})
+    if timeout is None:
+        await held.lock.acquire()
+    else:
         try:
-            yield
-        finally:
-            _holding.reset(token)
+            async with asyncio.timeout(timeout):
+                await held.lock.acquire()
+        except TimeoutError:
+            raise TimeoutError(
+                f"the connection stayed busy with other tasks' calls for {timeout:g} seconds"
+            ) from None
+    held.holder = task
+    try:
+        yield
+    finally:
+        held.holder = None
+        held.lock.release()
 
 
 class AsyncDriver:
@@ -97,9 +106,11 @@ class AsyncDriver:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
-        """A transaction of yours around several calls, holding the connection's turn: other
-        tasks' calls on the connection wait until it ends instead of running inside it. A call
-        inside it is a savepoint; if the block raises (a cancellation too), it all rolls back."""
+        """A transaction of yours around several calls, holding the connection's turn for this
+        task: other tasks' calls on the connection wait until it ends instead of running inside
+        it, tasks started inside the block too (so a block that awaits such a task's call would
+        wait for itself: make the calls in the block's own task). A call inside it is a
+        savepoint; if the block raises (a cancellation too), it all rolls back."""
         async with turn(self.conn):
             before = self.conn.info.transaction_status
             try:
@@ -111,7 +122,7 @@ class AsyncDriver:
 
     async def _drive(self, plan: Plan[_T]) -> _T:
         """Carry a call's plan out, holding the connection's turn from start to end."""
-        async with turn(self.conn), _locks(self.conn).call:
+        async with turn(self.conn):
             before = self.conn.info.transaction_status
             try:
                 return await self._through(plan, inside=False)

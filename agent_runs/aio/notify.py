@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from contextlib import aclosing
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.rows import tuple_row
 
 from agent_runs import validation as check
 from agent_runs import waiters
-from agent_runs.aio.driver import idle
+from agent_runs.aio.driver import idle, turn
 from agent_runs.aio.repository import AsyncAgentRunRepository
 from agent_runs.errors import InvalidArgument
 from agent_runs.models import AgentRun
@@ -34,24 +36,33 @@ async def wait_for_run(
     """Await run `run_id` being terminal and return it.
 
     Raises InvalidArgument for bad arguments or an unknown run, TimeoutError when the run is not
-    terminal after `timeout_seconds`. `conn` must be an idle autocommit AsyncConnection; it
-    LISTENs on agent_runs_finished only during the call and is left idle afterwards (closed if a
-    cancellation left it in an unknown state). Cancel it, or wrap it in `asyncio.timeout`,
-    freely.
+    terminal after `timeout_seconds`. `conn` must be an idle autocommit AsyncConnection, of any
+    row factory; it LISTENs on agent_runs_finished only during the call and is left idle
+    afterwards (closed if a cancellation left it in an unknown state). Its statements take
+    turns with other tasks' repository calls on `conn`, never running inside their
+    transaction(). Cancel it, or wrap it in `asyncio.timeout`, freely.
     """
     run_id = check.identifier("run_id", run_id)
     timeout = check.timeout_seconds(timeout_seconds)
-    if not conn.autocommit or not idle(conn):
+    if not conn.autocommit:
         raise InvalidArgument("conn must be an idle autocommit connection (LISTEN needs it)")
     waiter = _Waiter(conn, run_id, deadline=time.monotonic() + timeout)
     # Register, then LISTEN, before the first read (as agent_runs.notify.wait_for_run): a run
     # that ends after the read is then always notified (its end notifies only registered runs),
     # one that ended before LISTEN is terminal in the read.
     waiter_id = waiters.new_waiter_id()
-    registered = False
+    registration: tuple[str, str] | None = None
+    async with turn(conn, timeout=timeout):
+        if not idle(conn):
+            raise InvalidArgument("conn must be an idle autocommit connection (LISTEN needs it)")
+        try:
+            if await _register(conn, run_id, waiter_id, timeout):
+                registration = (run_id, waiter_id)
+            await _execute(conn, _LISTEN_FINISHED)
+        except BaseException:
+            await _unlisten(conn, registration)
+            raise
     try:
-        registered = await _register(conn, run_id, waiter_id, timeout)
-        await conn.execute(_LISTEN_FINISHED, prepare=False)
         run = await waiter.read("no such run")
         while not run.is_terminal:
             if time.monotonic() >= waiter.deadline:
@@ -62,7 +73,7 @@ async def wait_for_run(
             run = await waiter.read("the run was deleted while waiting")
         return run
     finally:
-        await _unlisten(conn, (run_id, waiter_id) if registered else None)
+        await _unlisten(conn, registration)
 
 
 class _Waiter:
@@ -88,22 +99,32 @@ class _Waiter:
         if not self.listening:
             await asyncio.sleep(min(FLOODED_POLL_SECONDS, max(0.0, until - time.monotonic())))
             return
-        others = 0
-        async for notify in self.conn.notifies(timeout=max(0.0, until - time.monotonic())):
-            if notify.channel == FINISHED_CHANNEL and notify.payload == self.run_id:
-                return
-            others += 1
-            if others > FLOOD_NOTIFICATIONS:
-                # Every statement on this connection would queue behind others' notifications:
-                # stop them at their source, drop what came before UNLISTEN, and poll.
-                self.listening = False
-                await self.conn.execute(_UNLISTEN_FINISHED, prepare=False)
-                async for _ in self.conn.notifies(timeout=0):
+        if await self._flooded(until):
+            # Every statement on this connection would queue behind others' notifications:
+            # stop them at their source, drop what came before UNLISTEN, and poll.
+            self.listening = False
+            async with turn(self.conn):
+                await _execute(self.conn, _UNLISTEN_FINISHED)
+            # notifies() holds the connection until it is closed: closed before any statement.
+            async with aclosing(self.conn.notifies(timeout=0)) as received:
+                async for _ in received:
                     if time.monotonic() >= self.deadline:
                         break
-                return
-            if time.monotonic() >= until:
-                return
+
+    async def _flooded(self, until: float) -> bool:
+        """Read notifications until the run's, or `until`; True when others flooded in (more
+        than FLOOD_NOTIFICATIONS)."""
+        others = 0
+        async with aclosing(self.conn.notifies(timeout=max(0.0, until - time.monotonic()))) as got:
+            async for notify in got:
+                if notify.channel == FINISHED_CHANNEL and notify.payload == self.run_id:
+                    return False
+                others += 1
+                if others > FLOOD_NOTIFICATIONS:
+                    return True
+                if time.monotonic() >= until:
+                    return False
+        return False
 
 
 async def _register(
@@ -112,9 +133,9 @@ async def _register(
     """agent_runs.waiters.register on an async connection (same statement, same lock wait)."""
     lock_wait, sql, params = waiters.register_statement(run_id, waiter_id, timeout)
     try:
-        async with conn.transaction():
-            await conn.execute(waiters.LOCK_TIMEOUT, [lock_wait], prepare=False)
-            cur = await conn.execute(sql, params, prepare=False)
+        async with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+            await cur.execute(waiters.LOCK_TIMEOUT, [lock_wait], prepare=False)
+            await cur.execute(sql, params, prepare=False)
             return waiters.registered(await cur.fetchone())
     except pg_errors.LockNotAvailable:
         raise waiters.locked_too_long(run_id, timeout) from None
@@ -127,9 +148,18 @@ async def _unlisten(
     else (a registration left behind expires, see agent_runs.waiters)."""
     if conn.closed:
         return
-    if idle(conn) and not conn.broken:
-        if registration is not None:
-            await conn.execute(*waiters.unregister_statement(*registration), prepare=False)
-        await conn.execute(_UNLISTEN_FINISHED, prepare=False)
-    else:
-        await conn.close()
+    async with turn(conn):
+        if idle(conn) and not conn.broken:
+            if registration is not None:
+                await _execute(conn, *waiters.unregister_statement(*registration))
+            await _execute(conn, _UNLISTEN_FINISHED)
+        else:
+            await conn.close()
+
+
+async def _execute(
+    conn: psycopg.AsyncConnection[Any], statement: LiteralString, params: Any = None
+) -> None:
+    """A statement whose rows nobody reads, never through the connection's row factory."""
+    async with conn.cursor(row_factory=tuple_row) as cur:
+        await cur.execute(statement, params, prepare=False)

@@ -43,12 +43,15 @@ def _thread_loop() -> asyncio.AbstractEventLoop:
 
 def await_agent(awaitable: Awaitable[Any], should_stop: Callable[[], bool]) -> object:
     """Run an agent's awaitable to its end on this thread's event loop: what it returns (None
-    when the worker cancelled it because the run should stop), or what it raises."""
+    when the worker cancelled it because the run should stop), or what it raises. Whatever the
+    agent raises, the loop stays for the thread's next run; only an interrupt that stopped the
+    loop before the run's end (Ctrl-C) discards it."""
     loop = _thread_loop()
+    supervised = loop.create_task(_supervised(awaitable, should_stop))
     try:
-        return loop.run_until_complete(_supervised(awaitable, should_stop))
+        return loop.run_until_complete(supervised)
     except BaseException:
-        if not loop.is_running():  # interrupted (Ctrl-C): no task of this run may live on
+        if not supervised.done():  # interrupted: no task of this run may live on
             _discard(loop)
         raise
 
