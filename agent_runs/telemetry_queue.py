@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
 from agent_runs.sql import query
@@ -27,7 +28,7 @@ def queue_reader(source: Any, *, timeout_seconds: float) -> Callable[[], Rows]:
 
     def read_on(conn: psycopg.Connection[Any]) -> Rows:
         with conn.transaction():
-            cur = conn.cursor()
+            cur = conn.cursor(row_factory=tuple_row)  # whatever the connection's factory
             cur.execute("SET TRANSACTION READ ONLY", prepare=False)
             cur.execute(set_timeout, prepare=False)  # SET takes no parameters: a literal
             cur.execute(query("telemetry_queue"), {"now": None}, prepare=False)

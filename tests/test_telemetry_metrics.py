@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from agent_runs import AgentRunRepository
 from tests.fix_telemetry import Otel
@@ -68,6 +69,20 @@ def test_the_queue_gauges_read_one_grouped_query_per_collection(
     assert counts == {("pending", "a"): 2, ("running", "b"): 1}
     (age,) = points["agent_runs.pending.age"]
     assert attrs(age)["messaging.destination.name"] == "a" and 0 <= age.value < 60
+
+
+def test_the_queue_gauges_read_a_connection_of_any_row_factory(
+    conn: psycopg.Connection[Any], otel: Otel
+) -> None:
+    conn.row_factory = dict_row  # type: ignore[assignment]
+    telemetry = otel.telemetry(observe_queue=True)
+    repo = AgentRunRepository(conn, telemetry=telemetry)
+    new_run(repo, agent_slug="a")
+    counts = {
+        (attrs(p)["agent_runs.status"], attrs(p)["messaging.destination.name"]): p.value
+        for p in otel.points()["agent_runs.run.count"]
+    }
+    assert counts == {("pending", "a"): 1}
 
 
 def test_without_observe_queue_there_are_no_gauges(
