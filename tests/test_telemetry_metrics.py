@@ -74,7 +74,7 @@ def test_the_queue_gauges_read_one_grouped_query_per_collection(
 def test_the_queue_gauges_read_a_connection_of_any_row_factory(
     conn: psycopg.Connection[Any], otel: Otel
 ) -> None:
-    conn.row_factory = dict_row  # type: ignore[assignment]
+    conn.row_factory = dict_row
     telemetry = otel.telemetry(observe_queue=True)
     repo = AgentRunRepository(conn, telemetry=telemetry)
     new_run(repo, agent_slug="a")
