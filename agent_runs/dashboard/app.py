@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
@@ -20,6 +21,7 @@ from agent_runs.dashboard import actions, pages, run_page
 from agent_runs.dashboard.common import Settings
 from agent_runs.dashboard.data import Cached
 from agent_runs.dashboard.guard import Guard
+from agent_runs.dashboard.hosts import HostAllowList
 from agent_runs.dashboard.render import DOT_IDS, DOT_MARK, error_page, make_environment
 from agent_runs.errors import InvalidArgument
 
@@ -62,12 +64,17 @@ def create_app(
     allow_cancel: bool = False,
     token: str | None = None,
     statement_timeout_seconds: float = 5.0,
+    allowed_hosts: Iterable[str] | None = None,
 ) -> ASGIApp:
     """The dashboard over `pool` (a psycopg_pool.ConnectionPool, e.g. agent_runs.create_pool).
 
     allow_cancel: offer cancel and cancel-tree on the run page (never on a hot standby).
     token: every request then needs `Authorization: Bearer <token>` or the cookie that /login
     sets. statement_timeout_seconds: each request's queries are cancelled after this long (503).
+    allowed_hosts: the names (`host`, `host:port`, `[v6]:port`) a request's Host header may
+    give; any other is a 400 before any other work (this defeats DNS rebinding). None, the
+    default, checks no Host: for an app mounted in another, whose server checks it (Starlette's
+    TrustedHostMiddleware); `agent-runs dashboard` always passes its list.
     """
     if not isinstance(allow_cancel, bool):
         raise InvalidArgument("allow_cancel must be True or False")
@@ -82,6 +89,7 @@ def create_app(
         or not 0.001 <= statement_timeout_seconds <= 3600
     ):
         raise InvalidArgument("statement_timeout_seconds must be a number from 0.001 to 3600")
+    hosts = None if allowed_hosts is None else HostAllowList(allowed_hosts)
     env = make_environment()
     routes: list[BaseRoute] = [
         Route("/", pages.overview, name="overview"),
@@ -135,4 +143,4 @@ def create_app(
         response = error_page(env, {**scope, "app": app}, status, title, message)
         return bytes(response.body), "text/html; charset=utf-8"
 
-    return Guard(app, token=token, refuse=refuse)
+    return Guard(app, token=token, refuse=refuse, allowed_hosts=hosts)

@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from agent_runs.dashboard import create_app
+    from agent_runs.dashboard.hosts import served_hosts
     from agent_runs.db import create_pool
 
     with (
@@ -148,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         live_trickle(dsn),
         create_pool(dsn, min_size=1, max_size=4) as pool,
     ):
-        app = create_app(pool, allow_cancel=True)
+        app = create_app(
+            pool, allow_cancel=True, allowed_hosts=served_hosts("127.0.0.1", args.port)
+        )
         print(
             f"\nagent_runs dashboard: http://127.0.0.1:{args.port}/  (Ctrl-C stops it, the "
             "worker and the embedded PostgreSQL)\n",

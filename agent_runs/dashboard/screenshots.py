@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from playwright.sync_api import sync_playwright
 
     from agent_runs.dashboard import create_app
+    from agent_runs.dashboard.hosts import served_hosts
     from agent_runs.db import connect, create_pool
     from agent_runs.repository import AgentRunRepository
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         port = _free_port()
         server = uvicorn.Server(
             uvicorn.Config(
-                create_app(pool, allow_cancel=True),
+                create_app(pool, allow_cancel=True, allowed_hosts=served_hosts("127.0.0.1", port)),
                 host="127.0.0.1",
                 port=port,
                 log_level="warning",
