@@ -108,7 +108,7 @@ CASES: Final[dict[str, tuple[dict[str, Any], set[str]]]] = {
     "run_stats.runs": ({"window_start": NOW - timedelta(days=1)}, {"ix_agent_runs_finished"}),
     "dashboard.children": ({"run_id": "live-1", "limit": 51}, {"ix_agent_runs_created_by_run_id"}),
     "dashboard.tree": (
-        {"run_id": "live-7", "limit": 51},
+        {"run_id": "live-7", "limit": 51, "up": 100, "down": 100},
         {"agent_runs_pkey", "ix_agent_runs_created_by_run_id"},
     ),
 }

@@ -100,7 +100,9 @@ def _confirm(request: Request, action: str) -> Response:
         run = _found(reader.repo.get_run(run_id), run_id)
         recovery = data.in_recovery(reader)
         tree = (
-            data.tree(reader, run_id, data.TREE_ON_RUN_PAGE + 1) if action == "cancel-tree" else []
+            data.tree(reader, run_id, data.TREE_ON_RUN_PAGE, from_run=True)
+            if action == "cancel-tree"
+            else None
         )
     if recovery:
         return error_page(config.env, request, 403, "Cancelling is off", REPLICA_NOTE)
@@ -113,8 +115,7 @@ def _confirm(request: Request, action: str) -> Response:
             "now": now,
             "run": run,
             "action": action,
-            "tree": tree[: data.TREE_ON_RUN_PAGE],
-            "more_tree": len(tree) > data.TREE_ON_RUN_PAGE,
+            "tree": tree,
             "csrf": csrf_token(config.secret, action, run_id),
         },
     )

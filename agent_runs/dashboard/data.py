@@ -29,6 +29,8 @@ WORKERS_TOP: Final = 200
 # Runs of a tree shown on the run page, and on the tree page behind its link.
 TREE_ON_RUN_PAGE: Final = 50
 TREE_PAGE: Final = 1000
+# Levels a tree view reaches above the run (to find its top) and below that top.
+TREE_LEVELS: Final = 100
 CHILDREN: Final = 50
 DAY_TOTALS_SECONDS: Final = 30.0
 _NON_TERMINAL: Final = ("pending", "running", "cancel_requested")
@@ -192,8 +194,34 @@ def workers(reader: Reader, window_start: datetime, top: int = WORKERS_TOP) -> l
     return reader.rows(query("dashboard.workers"), params)
 
 
-def tree(reader: Reader, run_id: str, limit: int) -> list[dict[str, Any]]:
-    return reader.rows(query("dashboard.tree"), {"run_id": run_id, "limit": limit})
+@dataclass(frozen=True, slots=True)
+class Tree:
+    """A bounded view of a sub-agent tree, and where it is cut."""
+
+    nodes: list[dict[str, Any]]  # parents before children, at most the view's limit
+    more: bool  # the view holds more runs than its limit
+    above: str | None  # the top's parent, when the view starts below the tree's root
+    cut_below: list[dict[str, Any]]  # shown runs whose children are TREE_LEVELS below the top
+
+
+def tree(reader: Reader, run_id: str, limit: int, *, from_run: bool = False) -> Tree:
+    """The tree around `run_id`: from its root (or its ancestor TREE_LEVELS up), or with
+    `from_run` from the run itself; TREE_LEVELS levels down from there."""
+    params = {
+        "run_id": run_id,
+        "limit": limit + 1,
+        "up": 0 if from_run else TREE_LEVELS,
+        "down": TREE_LEVELS,
+    }
+    rows = reader.rows(query("dashboard.tree"), params)
+    nodes = rows[:limit]
+    top = nodes[0] if nodes else None
+    return Tree(
+        nodes=nodes,
+        more=len(rows) > limit,
+        above=str(top["parent"]) if top is not None and top["more_above"] else None,
+        cut_below=[n for n in nodes if n["more_below"]],
+    )
 
 
 def children(reader: Reader, run_id: str) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 from starlette.datastructures import QueryParams
 
 from agent_runs import validation as check
+from agent_runs.dashboard.text import Shown, shown
 from agent_runs.durations import parse_duration, parse_since
 from agent_runs.errors import InvalidArgument
 from agent_runs.models import RunStatus
@@ -37,14 +38,22 @@ DEFAULT_LIMIT: Final = 50
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"", "0", "false", "no", "off"})
 _MAX_PARAM_CHARS: Final = 1024
+# A parameter's name as echoed on its 400 page, and the longest message there.
+NAME_CHARS: Final = 64
+MESSAGE_CHARS: Final = 2000
 
 
 class BadParameter(Exception):
-    """A query parameter the page refuses: shown as a 400 page that names it."""
+    """A query parameter the page refuses: shown as a 400 page that names it.
 
-    def __init__(self, name: str, message: str) -> None:
+    The name and message come from the request: `title` and `message` are them as visible text
+    (escaped and cut as the CLI shows values), ready for the page."""
+
+    def __init__(self, name: str, message: str | Shown) -> None:
         super().__init__(message)
         self.name = name
+        self.title = Shown(f"Bad parameter: {shown(name, NAME_CHARS)}")
+        self.message = message if isinstance(message, Shown) else shown(message, MESSAGE_CHARS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +129,7 @@ def only(params: QueryParams, allowed: Iterable[str]) -> None:
     known = set(allowed)
     for name in params:
         if name not in known:
-            raise BadParameter(name, f"unknown query parameter {name!r}")
+            raise BadParameter(name, Shown(f"unknown query parameter {shown(name, NAME_CHARS)}"))
         for value in params.getlist(name):
             if len(value) > _MAX_PARAM_CHARS:
                 raise BadParameter(name, f"{name} must be at most {_MAX_PARAM_CHARS} characters")
