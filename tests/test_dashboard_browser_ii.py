@@ -13,10 +13,10 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from agent_runs import AgentRunRepository
-from tests.fix_dashboard import Served, free_port, running_run, serve, stop
+from tests.fix_dashboard import Served, finished_run, free_port, running_run, serve, stop
 from tests.test_dashboard_browser import ARGS, CHROMIUM, Watched, sync_api
 
-from agent_runs.dashboard import create_app  # isort: skip
+from agent_runs.dashboard import create_app, render  # isort: skip
 from agent_runs.dashboard.hosts import served_hosts  # isort: skip
 
 REBOUND = "rebind.example"
@@ -84,3 +84,119 @@ def test_a_rebound_name_gets_nothing(
         ok = page.goto(f"{own}/runs/{run.id}")
         assert ok is not None and ok.status == 200
         page.get_by_role("heading", name=f"Run {run.id}").wait_for()
+
+
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    + "".join(
+        f'  File "agent.py", line {n}, in step_{n}\n    result = call_tool(args)\n'
+        for n in range(60)
+    )
+    + "ToolError: the search API answered 429"
+)
+
+
+def _retried_then_running(repo: AgentRunRepository, worker: str = "host-read") -> Any:
+    """A running run whose first attempt was released for retry with a long traceback."""
+    run = running_run(repo, worker=worker)
+    assert run.worker_id is not None
+    assert repo.release_lease_for_retry(
+        run.id, worker_id=run.worker_id, error_type="rate_limited", error_message=TRACEBACK
+    )
+    claim = repo.mark_running(run.id, worker_id=f"{worker}:again", lease_seconds=300)
+    assert claim.acquired and claim.run is not None
+    return claim.run
+
+
+_SELECT_START = """(element, length) => {
+    const range = document.createRange();
+    range.setStart(element.firstChild, 0);
+    range.setEnd(element.firstChild, length);
+    const selection = window.getSelection();
+    selection.removeAllRanges();
+    selection.addRange(range);
+    return selection.toString();
+}"""
+
+
+def _next_refresh(page: Any, after: str | None) -> str:
+    """Wait (on page elements: the CSP forbids wait_for_function) for a refresh after `after`."""
+    for _ in range(100):
+        stamp = page.locator("body").get_attribute("data-refreshed")
+        if stamp is not None and stamp != after:
+            return str(stamp)
+        page.wait_for_timeout(100)
+    raise AssertionError("no refresh happened")
+
+
+def test_a_selection_and_a_scrolled_box_survive_the_refresh(
+    server: Served, open_page: Any, repo: AgentRunRepository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(render, "REFRESH_SECONDS", 1)
+    run = _retried_then_running(repo)
+    page = open_page().page
+    page.goto(f"{server.url}/runs/{run.id}")
+    box = page.locator("#run-attempts pre.text").first
+    assert '\n  File "agent.py", line 3, in step_3\n' in box.inner_text()  # lines kept
+    # Select the traceback's first line, as a reader copying it does.
+    first_line = "Traceback (most recent call last):"
+    assert box.evaluate(_SELECT_START, len(first_line)) == first_line
+    stamp = _next_refresh(page, None)
+    stamp = _next_refresh(page, stamp)
+    assert page.evaluate("window.getSelection().toString()") == first_line
+    assert page.locator("body").get_attribute("data-kept") != "0"
+    page.evaluate("window.getSelection().removeAllRanges()")
+    # Scrolled: the box keeps its place across refreshes.
+    box = page.locator("#run-attempts pre.text").first
+    box.evaluate("element => { element.scrollTop = 120; }")
+    stamp = _next_refresh(page, stamp)
+    stamp = _next_refresh(page, stamp)
+    assert page.locator("#run-attempts pre.text").first.evaluate("e => e.scrollTop") == 120
+    box.evaluate("element => { element.scrollTop = 0; }")
+    # Neither: the region is swapped, and a change of state shows.
+    assert run.worker_id is not None
+    repo.set_terminal_status(run.id, status="completed", worker_id=run.worker_id)
+    page.locator("#run-head .status.s-completed").wait_for(timeout=20_000)
+    page.get_by_text("final: no more refresh").wait_for()
+    assert page.locator("#live-toggle").is_hidden()
+
+
+def test_a_final_run_is_never_refreshed(
+    server: Served, open_page: Any, repo: AgentRunRepository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(render, "REFRESH_SECONDS", 1)
+    run = finished_run(repo, status="failed", error_type="tool_error", error_message=TRACEBACK)
+    page = open_page().page
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    page.goto(f"{server.url}/runs/{run.id}")
+    assert page.locator("body").get_attribute("data-refresh") is None
+    assert "final" in page.locator("#live-state").inner_text()
+    page.wait_for_timeout(2500)
+    assert [u for u in requests if "/runs/" in u] == [f"{server.url}/runs/{run.id}"]
+
+
+def test_pause_is_remembered_for_the_session_and_the_tree_refreshes(
+    server: Served, open_page: Any, repo: AgentRunRepository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(render, "REFRESH_SECONDS", 1)
+    root = running_run(repo, agent_slug="planner")
+    child = running_run(repo, agent_slug="writer", created_by_run_id=root.id)
+    page = open_page().page
+    page.goto(f"{server.url}/tree/{root.id}")
+    stamp = _next_refresh(page, None)  # the tree refreshes
+    page.get_by_role("button", name="Pause").click()
+    page.get_by_text("live: paused").wait_for()
+    page.goto(f"{server.url}/tree/{root.id}")  # remembered across pages of the session
+    page.get_by_role("button", name="Resume").wait_for()
+    assert child.worker_id is not None
+    repo.set_terminal_status(
+        child.id, status="failed", worker_id=child.worker_id, error_type="tool_error"
+    )
+    page.wait_for_timeout(2500)
+    assert page.locator("#tree .status.s-failed").count() == 0
+    assert page.locator("body").get_attribute("data-refreshed") is None
+    page.get_by_role("button", name="Resume").click()
+    page.locator("#tree .status.s-failed").wait_for(timeout=10_000)
+    assert page.locator("#tree").get_by_text("tool_error").count() == 1
+    assert stamp

@@ -61,6 +61,7 @@ def make_environment() -> Environment:
     )
     env.filters.update(
         shown=text.shown,
+        lines=text.lines,
         cut=text.cut,
         iso=text.iso,
         json_text=text.json_text,

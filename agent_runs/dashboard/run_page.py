@@ -21,6 +21,7 @@ from agent_runs.explain import explain_run
 from agent_runs.models import AgentRun
 
 DOCUMENTS: Final = ("payload", "manifest", "run")
+TERMINAL: Final = frozenset({"completed", "failed", "cancelled", "interrupted"})
 # Latest attempts shown on a run page (a crash-looping run may hold thousands: the page stays
 # bounded; `agent-runs attempts` lists them all).
 ATTEMPTS_SHOWN: Final = 100
@@ -80,7 +81,10 @@ def run_page(request: Request) -> Response:
             "run": run,
             "attempts": shown,
             "earlier_attempts": len(attempts) - len(shown),
-            "live_page": True,
+            # A run in a final state does not change: its page is never refreshed under the
+            # reader (the tree section may, on reload).
+            "live_page": not run.is_terminal,
+            "final_page": run.is_terminal,
             "explanation": explain_run(run, attempts),
             "timeline": attempt_timeline(shown, now),
             "parent": parent,
@@ -118,6 +122,8 @@ def tree_page(request: Request) -> Response:
             "now": now,
             "run": run,
             "tree": tree,
+            "live_page": not all(node["status"] in TERMINAL for node in tree.nodes),
+            "final_page": True,
             "from_run": start == "here",
             "limit": data.TREE_PAGE,
             "levels": data.TREE_LEVELS,
