@@ -200,3 +200,53 @@ def test_pause_is_remembered_for_the_session_and_the_tree_refreshes(
     page.locator("#tree .status.s-failed").wait_for(timeout=10_000)
     assert page.locator("#tree").get_by_text("tool_error").count() == 1
     assert stamp
+
+
+def test_the_runs_table_fits_at_1280_with_one_line_rows_and_folds_at_390(
+    server: Served, open_page: Any, repo: AgentRunRepository
+) -> None:
+    live = running_run(repo, agent_slug="x" * 64, thread_id="t" * 64, uid="u" * 64)
+    assert live.worker_id is not None
+    repo.request_cancel(live.id)  # the widest status: cancel_requested
+    for n in range(11):
+        finished_run(
+            repo,
+            status="failed" if n % 2 else "completed",
+            agent_slug=f"a-very-long-agent-slug-for-the-research-team-{n:02d}"[:64],
+            thread_id=f"support-ticket-thread-with-a-long-name-{n:04d}-" + "t" * 20,
+            uid=f"user-with-a-long-identifier-{n}@example.com",
+            error_type="tool_error_from_the_search_api" if n % 2 else None,
+            worker="worker-with-a-long-identity-name-on-host-17",
+        )
+    page = open_page().page
+    page.goto(f"{server.url}/runs")
+    wrap = page.locator("#runs-list .table-wrap")
+    assert wrap.evaluate("e => e.scrollWidth <= e.clientWidth"), "a sideways scroll at 1280 px"
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    heights = page.locator("#runs-list tbody tr").evaluate_all(
+        "rows => rows.map(r => r.getBoundingClientRect().height)"
+    )
+    assert len(heights) == 12 and max(heights) < 40, heights  # one line per row
+    headers = page.locator("#runs-list thead th").all_inner_texts()
+    assert "Duration" in headers and "Finished" in headers and "Error type" in headers
+    cells = page.locator("#runs-list tbody td:last-child a").all_inner_texts()
+    assert "tool_error_from_the_search_api" in cells  # whole, not cut
+    # A phone: the page does not scroll sideways, the filters start folded.
+    phone = open_page(width=390, height=844).page
+    phone.goto(f"{server.url}/runs")
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+    assert phone.locator("details.filters-box").evaluate("d => d.open") is False
+    assert phone.get_by_role("button", name="Apply filters").is_hidden()
+    phone.get_by_label("Go to run").wait_for()
+
+
+def test_dark_mode_follows_the_system(server: Served, open_page: Any) -> None:
+    page = open_page(color_scheme="dark").page
+    page.goto(f"{server.url}/")
+    background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert background == "rgb(13, 17, 23)", background
+    light = open_page(color_scheme="light").page
+    light.goto(f"{server.url}/")
+    assert light.evaluate("getComputedStyle(document.body).backgroundColor") == (
+        "rgb(255, 255, 255)"
+    )

@@ -17,7 +17,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Scope
 
-from agent_runs.dashboard import actions, pages, run_page
+from agent_runs.dashboard import actions, pages, run_page, runs_page
 from agent_runs.dashboard.common import Settings
 from agent_runs.dashboard.data import Cached
 from agent_runs.dashboard.guard import Guard
@@ -93,7 +93,8 @@ def create_app(
     env = make_environment()
     routes: list[BaseRoute] = [
         Route("/", pages.overview, name="overview"),
-        Route("/runs", pages.runs, name="runs"),
+        Route("/runs", runs_page.runs, name="runs"),
+        Route("/find", runs_page.find, name="find"),
         Route("/runs/{run_id:agent_runs_run_id}", run_page.run_page, name="run"),
         Route("/tree/{run_id:agent_runs_run_id}", run_page.tree_page, name="tree"),
         Route("/json/{kind}/{run_id:agent_runs_run_id}", run_page.document, name="document"),

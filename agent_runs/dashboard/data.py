@@ -165,18 +165,20 @@ class Cached:
     def __init__(self, seconds: float = DAY_TOTALS_SECONDS) -> None:
         self.seconds = seconds
         self._lock = threading.Lock()
-        self._value: tuple[float, datetime, Agents] | None = None
+        self._value: tuple[float, datetime, Agents, dict[str, int]] | None = None
 
-    def day(self, reader: Reader, now: datetime) -> tuple[Agents, datetime]:
-        """The day's totals and the database time they were computed at."""
+    def day(self, reader: Reader, now: datetime) -> tuple[Agents, datetime, dict[str, int]]:
+        """The day's totals, the database time they were computed at, and the last hour's
+        counts by status as of that same time (so that the two windows always agree)."""
         with self._lock:
             value = self._value
         if value is not None and time.monotonic() < value[0]:
-            return value[2], value[1]
+            return value[2], value[1], value[3]
         fresh = agents(reader, now - timedelta(days=1))
+        hour = per_minute(reader, now).by_status
         with self._lock:
-            self._value = (time.monotonic() + self.seconds, now, fresh)
-        return fresh, now
+            self._value = (time.monotonic() + self.seconds, now, fresh, hour)
+        return fresh, now, hour
 
 
 def agents(reader: Reader, window_start: datetime) -> Agents:
@@ -222,6 +224,38 @@ def tree(reader: Reader, run_id: str, limit: int, *, from_run: bool = False) -> 
         above=str(top["parent"]) if top is not None and top["more_above"] else None,
         cut_below=[n for n in nodes if n["more_below"]],
     )
+
+
+def finished_runs(
+    reader: Reader,
+    *,
+    window_start: datetime,
+    before: tuple[datetime, str] | None,
+    filters: dict[str, Any],
+    limit: int,
+) -> list[dict[str, Any]]:
+    """A page of the runs finished since window_start, the latest first (keyset `before`)."""
+    params = {
+        "window_start": window_start,
+        "before_at": before[0] if before else None,
+        "before_id": before[1] if before else None,
+        "limit": limit,
+        **filters,
+    }
+    return reader.rows(query("dashboard.finished_runs"), params)
+
+
+def run_times(reader: Reader, run_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """started_at and finished_at of a page of runs (by primary key)."""
+    if not run_ids:
+        return {}
+    rows = reader.rows(query("dashboard.run_times"), {"ids": run_ids})
+    return {str(row["id"]): row for row in rows}
+
+
+def find_runs(reader: Reader, prefix: str, limit: int) -> list[dict[str, Any]]:
+    """Runs whose id starts with `prefix`, in id order."""
+    return reader.rows(query("dashboard.find_runs"), {"prefix": prefix, "limit": limit})
 
 
 def children(reader: Reader, run_id: str) -> list[dict[str, Any]]:

@@ -33,7 +33,13 @@ RUNS_PARAMS: Final = (
     "stuck_after",
     "limit",
     "before",
+    "error_type",
+    "finished",
 )
+# The filters that read runs by when they finished (the overview's windows), and the window
+# when only error_type is given.
+FINISHED_PARAMS: Final = ("error_type", "finished")
+DEFAULT_FINISHED: Final = "1d"
 DEFAULT_LIMIT: Final = 50
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"", "0", "false", "no", "off"})
@@ -70,6 +76,34 @@ class RunsQuery:
     stuck_after: str = ""
     limit: int = DEFAULT_LIMIT
     before: str = ""
+    error_type: str = ""
+    finished: str = ""
+
+    @property
+    def by_finish(self) -> bool:
+        """Runs finished in a window, the latest first (error_type or finished given)."""
+        return bool(self.error_type or self.finished)
+
+    def active_names(self) -> list[str]:
+        """The filters set (limit and the page cursor aside), by name."""
+        values = {
+            "status": self.statuses,
+            "agent_slug": self.agent_slug,
+            "thread": self.thread,
+            "uid": self.uid,
+            "worker": self.worker,
+            "since": self.since,
+            "stuck": self.stuck,
+            "stuck_after": self.stuck_after,
+            "error_type": self.error_type,
+            "finished": self.finished,
+        }
+        return [name for name, value in values.items() if value]
+
+    def finished_window(self) -> timedelta:
+        text = self.finished or DEFAULT_FINISHED
+        window: timedelta = _checked("finished", lambda: parse_duration("finished", text))
+        return window
 
     def filters(self) -> dict[str, Any]:
         """Keyword arguments of list_runs / list_run_listings."""
@@ -107,6 +141,8 @@ class RunsQuery:
             "stuck_after": self.stuck_after,
             "limit": "" if self.limit == DEFAULT_LIMIT else str(self.limit),
             "before": self.before,
+            "error_type": self.error_type,
+            "finished": self.finished,
         }
         values.update({k: ("" if v is None else v) for k, v in changes.items()})
         pairs: list[tuple[str, str]] = []
@@ -153,11 +189,16 @@ def runs_query(params: QueryParams) -> RunsQuery:
         except ValueError:
             choices = ", ".join(s.value for s in RunStatus)
             raise BadParameter("status", f"status must be one of {choices}") from None
-    texts = {name: single(params, name) for name in ("agent_slug", "thread", "uid", "worker")}
+    texts = {
+        name: single(params, name)
+        for name in ("agent_slug", "thread", "uid", "worker", "error_type", "finished")
+    }
     for name, value in texts.items():
         if value:
             if name == "worker":
                 _checked(name, lambda n=name, v=value: check.worker_id(v, n))
+            elif name == "finished":
+                _checked(name, lambda v=value: parse_duration("finished", v))
             else:
                 _checked(name, lambda n=name, v=value: check.identifier(n, v))
     stuck_text = single(params, "stuck").lower()
@@ -182,4 +223,15 @@ def runs_query(params: QueryParams) -> RunsQuery:
         **texts,
     )
     query.filters()  # since and stuck_after parse here, before any SQL
+    if query.by_finish:
+        given = {
+            "worker": query.worker,
+            "since": query.since,
+            "stuck": query.stuck,
+            "stuck_after": query.stuck_after,
+        }
+        for name in (name for name, value in given.items() if value):
+            raise BadParameter(
+                name, f"{name} cannot be combined with error_type or finished (runs by finish)"
+            )
     return query

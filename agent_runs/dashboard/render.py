@@ -68,6 +68,7 @@ def make_environment() -> Environment:
         seg=segment,
         idseg=run_segment,
         duration=text.duration,
+        seconds=text.seconds,
         state=state_class,
     )
     return env

@@ -109,9 +109,18 @@ def ago(value: datetime | None, now: datetime) -> str:
 
 
 def duration(start: datetime | None, end: datetime | None) -> str:
+    """As the CLI prints it: milliseconds under a minute (0.001s), then 3m12s, 5h03m."""
     if start is None or end is None:
         return ""
-    return format_duration(end - start)
+    return seconds(end - start)
+
+
+def seconds(value: timedelta | float) -> str:
+    """A duration with the CLI's precision: 0.001s under a minute, then 3m12s, 5h03m."""
+    delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    if delta < timedelta(minutes=1):
+        return f"{max(0.0, delta.total_seconds()):.3f}s"
+    return format_duration(delta)
 
 
 def plain(value: Any) -> Any:

@@ -3,7 +3,16 @@
 // region is left as it is while it holds the focus or part of a selection, or while a box
 // inside it is scrolled; a page the server marks final (a finished run) is never refreshed,
 // and the Pause button stops refreshing for the rest of the browser session. Paused while the
-// tab is hidden. Pages are complete without it.
+// tab is hidden. Pages are complete without it. It also folds the runs filters on a phone.
+(function () {
+  "use strict";
+  // On a narrow screen, the filters without a value set start folded (open without script).
+  if (window.matchMedia && window.matchMedia("(max-width: 720px)").matches) {
+    var folding = document.querySelectorAll("details[data-fold-narrow]");
+    for (var f = 0; f < folding.length; f++) { folding[f].open = false; }
+  }
+})();
+
 (function () {
   "use strict";
   var body = document.body;
