@@ -177,3 +177,52 @@ def test_a_bad_allowed_host_is_one_line_and_exit_2(bad: str) -> None:
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
     assert "--allowed-host" in result.stderr and "Traceback" not in result.stderr
+
+
+def _startup(dsn: str, *extra: str, env: dict[str, str] | None = None) -> list[str]:
+    """What `agent-runs dashboard` prints as it starts (then it is stopped by its PID)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from agent_runs.cli.dashboard import TOKEN_ENV
+    from tests.fix_dashboard import free_port
+
+    environment = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    environment.update(env or {})
+    args = ["--dsn", dsn, "--port", str(free_port()), *extra]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agent_runs", "dashboard", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+    )
+    try:
+        assert process.stderr is not None
+        lines = [process.stderr.readline().rstrip("\n")]
+        while not lines[-1].startswith("  answers to Host"):
+            lines.append(process.stderr.readline().rstrip("\n"))
+            assert len(lines) < 20 and process.poll() is None, lines
+        if "--allow-cancel" in extra and TOKEN_ENV not in (env or {}):
+            lines.append(process.stderr.readline().rstrip("\n"))
+        return lines
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=15)
+
+
+def test_start_up_says_what_is_served(dsn: str) -> None:
+    secret = "pw-that-must-not-show"
+    with_password = dsn.replace("postgresql://postgres@", f"postgresql://postgres:{secret}@")
+    assert secret in with_password
+    lines = _startup(with_password, "--allow-cancel", "--allowed-host", "dash.example")
+    text = "\n".join(lines)
+    assert secret not in text
+    assert lines[0].startswith("agent_runs dashboard on http://127.0.0.1:")
+    assert "  database: postgresql://postgres:***@" in text
+    assert "actions: on" in text and "dash.example" in text
+    assert lines[-1].startswith("  warning: actions are on without a token")
+    quiet = "\n".join(_startup(dsn, env={"AGENT_RUNS_DASHBOARD_TOKEN": TOKEN}))
+    assert "actions: off" in quiet and "warning" not in quiet and TOKEN not in quiet

@@ -107,15 +107,17 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
             statement_timeout_seconds=timeout,
             allowed_hosts=allowed_hosts,
         )
+        from agent_runs.dashboard.startup import startup_lines
+
         host = f"[{args.host}]" if ":" in args.host else args.host
-        notes = (" (token required)" if token else "") + (
-            " (cancel allowed)" if args.allow_cancel else ""
+        lines = startup_lines(
+            f"http://{host}:{args.port}{args.root_path}/",
+            dsn,
+            allow_cancel=args.allow_cancel,
+            token=token is not None,
+            allowed_hosts=allowed_hosts,
         )
-        print(
-            f"agent_runs dashboard on http://{host}:{args.port}{args.root_path}/{notes}",
-            file=sys.stderr,
-            flush=True,
-        )
+        print("\n".join(lines), file=sys.stderr, flush=True)
         # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: our handler
         # then turns it into a normal exit (0) instead of death by signal.
         previous = signal.signal(signal.SIGTERM, _stopped)

@@ -17,7 +17,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Scope
 
-from agent_runs.dashboard import actions, pages, run_page, runs_page
+from agent_runs.dashboard import actions, login, pages, run_page, runs_page
 from agent_runs.dashboard.common import Settings
 from agent_runs.dashboard.data import Cached
 from agent_runs.dashboard.guard import Guard
@@ -103,15 +103,21 @@ def create_app(
         # Browsers ask for /favicon.ico on pages that name no icon (the JSON views): a 404
         # there is a console error.
         Route("/favicon.ico", _favicon),
-        Route("/login", actions.login_form, methods=["GET"]),
-        Route("/login", actions.login, methods=["POST"]),
-        Route("/logout", actions.logout, methods=["POST"]),
+        Route("/login", login.login_form, methods=["GET"]),
+        Route("/login", login.login, methods=["POST"]),
+        Route("/logout", login.logout, methods=["POST"]),
+        Route("/done/{action}", actions.result, methods=["GET"]),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    for action in actions.ACTIONS:
-        path = f"/{action}/{{run_id:agent_runs_run_id}}"
-        routes.append(Route(path, actions.confirmer(action), methods=["GET"]))
-        routes.append(Route(path, actions.performer(action), methods=["POST"]))
+    for name, action in actions.ACTIONS.items():
+        path = f"/{name}/{{run_id:agent_runs_run_id}}"
+        routes.append(Route(path, actions.confirmer(name), methods=["GET"]))
+        routes.append(Route(path, actions.performer(name), methods=["POST"]))
+        if action.bulk:
+            routes.append(Route(f"/selected/{name}", actions.bulk_confirmer(name)))
+            routes.append(
+                Route(f"/selected/{name}", actions.bulk_performer(name), methods=["POST"])
+            )
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = int(getattr(exc, "status_code", 500))
@@ -138,6 +144,7 @@ def create_app(
         env=env,
         cache=Cached(),
     )
+    app.state.login_failures = login.Failures()
 
     async def refuse(scope: Scope, status: int, message: str) -> tuple[bytes, str]:
         title = _TITLES.get(status, "Refused")

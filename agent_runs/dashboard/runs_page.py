@@ -134,6 +134,7 @@ def runs(request: Request) -> Response:
             "query": query,
             "listings": listings,
             "tabs": _tabs(query, live, day),
+            "can_act": config.allow_cancel and not live.in_recovery,
             "window": query.finished or "1d",
             "next_link": None if cursor is None else query.link(before=cursor),
             "first_link": query.link(before=None) if query.before else None,

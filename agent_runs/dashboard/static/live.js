@@ -55,13 +55,14 @@
   }
 
   // The reader is at work in a region: it keeps the focus, holds (part of) a selection, or a
-  // box inside it is scrolled away from its start.
+  // box inside it is scrolled away from its start, or runs in it are selected for an action.
   function reading(region) {
     var active = document.activeElement;
     if (active && active !== body && region.contains(active)) { return true; }
     var selection = window.getSelection ? window.getSelection() : null;
     if (selection && !selection.isCollapsed && selection.rangeCount > 0 &&
         selection.containsNode(region, true)) { return true; }
+    if (region.querySelector("input[form]:checked")) { return true; }  // runs selected
     var boxes = region.querySelectorAll("pre, .table-wrap, .scroll");
     for (var i = 0; i < boxes.length; i++) {
       if (boxes[i].scrollTop > 0 || boxes[i].scrollLeft > 0) { return true; }
