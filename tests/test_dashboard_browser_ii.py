@@ -250,3 +250,39 @@ def test_dark_mode_follows_the_system(server: Served, open_page: Any) -> None:
     assert light.evaluate("getComputedStyle(document.body).backgroundColor") == (
         "rgb(255, 255, 255)"
     )
+
+
+def test_from_the_overview_to_the_runs_behind_a_count_and_a_bulk_cancel(
+    server: Served, open_page: Any, repo: AgentRunRepository
+) -> None:
+    failed = [
+        finished_run(repo, status="failed", error_type="rate_limited", agent_slug="scout")
+        for _ in range(2)
+    ]
+    finished_run(repo, agent_slug="scout")
+    live = [running_run(repo, agent_slug="scout") for _ in range(2)]
+    page = open_page().page
+    page.goto(f"{server.url}/")
+    agents = page.locator("#agents")
+    agents.get_by_role("link", name="rate_limited").click()
+    page.wait_for_url("**/runs?agent_slug=scout&finished=1d&error_type=rate_limited")
+    ids = page.locator("#runs-list td a.run-id .copy").all_inner_texts()
+    assert sorted(ids) == sorted(r.id for r in failed)
+    # Go to a run by the start of its id.
+    page.get_by_label("Go to run").fill(live[0].id[:-4])
+    page.get_by_role("button", name="Go", exact=True).click()
+    page.get_by_role("heading", name=f"Run {live[0].id}").wait_for()
+    # Select the two running runs, cancel them after one confirmation.
+    page.goto(f"{server.url}/runs?status=running")
+    for run in live:
+        row = page.locator("#runs-list tbody tr", has=page.locator(f"text={run.id}"))
+        row.get_by_role("checkbox").check()
+    page.get_by_role("button", name="Cancel the selected runs…").click()
+    page.get_by_role("heading", name="Cancel these 2 runs?").wait_for()
+    page.get_by_role("button", name="Yes, cancel these runs").click()
+    page.get_by_text("2 of 2 runs changed.").wait_for()
+    assert "/done/cancel?" in page.url
+    statuses = [r.status for r in (repo.get_run(x.id) for x in live) if r]
+    assert statuses == ["cancel_requested", "cancel_requested"]
+    page.reload()  # a result page: nothing is sent again
+    page.get_by_text("2 of 2 runs changed.").wait_for()

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from agent_runs.dashboard.demo import LIVE_SLUG, demo_database, live_trickle
 
@@ -82,9 +82,16 @@ def main(argv: list[str] | None = None) -> int:
             "run": f"/runs/{planner.id}",
             "run-failed": f"/runs/{failed.id}",
             "workers": "/workers",
+            "runs-error-type": "/runs?error_type=tool_error&finished=1d",
             "tree": f"/tree/{planner.id}",
             "cancel-confirm": f"/cancel-tree/{planner.id}",
         }
+        # Other devices: (name, path, viewport, colour scheme).
+        variants: list[tuple[str, str, Any, Any]] = [
+            ("runs-phone", "/runs", {"width": 390, "height": 844}, "light"),
+            ("overview-dark", "/", {"width": 1280, "height": 900}, "dark"),
+            ("run-dark", f"/runs/{failed.id}", {"width": 1280, "height": 900}, "dark"),
+        ]
         try:
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS))
@@ -93,6 +100,13 @@ def main(argv: list[str] | None = None) -> int:
                     page.goto(base + path)
                     page.wait_for_selector("main h1")
                     page.screenshot(path=str(out / f"{name}.png"), full_page=True)
+                    print(f"wrote {out / f'{name}.png'}", flush=True)
+                for name, path, viewport, scheme in variants:
+                    other = browser.new_page(viewport=viewport, color_scheme=scheme)
+                    other.goto(base + path)
+                    other.wait_for_selector("main h1")
+                    other.screenshot(path=str(out / f"{name}.png"), full_page=True)
+                    other.close()
                     print(f"wrote {out / f'{name}.png'}", flush=True)
                 browser.close()
         finally:
