@@ -143,3 +143,28 @@ def test_durations_have_the_clis_precision(
     )
     html = client.get("/runs").text
     assert '<td class="num">0.001s</td>' in html
+
+
+def test_the_workers_counts_link_to_the_runs_of_those_attempts(
+    client: Any, repo: AgentRunRepository
+) -> None:
+    failed = finished_run(
+        repo, status="failed", worker="host-7", error_type="tool_error", error_message="x"
+    )
+    completed = [finished_run(repo, worker="host-7") for _ in range(2)]
+    finished_run(repo, status="failed", worker="host-8", error_type="tool_error")
+    html = client.get("/workers?since=1h").text
+    row = html.split('href="/runs?worker=host-7">', 1)[1].split("</tr>", 1)[0]
+    links = {
+        text: href.replace("&amp;", "&")
+        for href, text in re.findall(r'<a href="(/runs\?[^"]+)">([^<]+)</a>', row)
+    }
+    assert _listed(client.get(links["3"]).text) == {failed.id, *(r.id for r in completed)}
+    assert _listed(client.get(links["2"]).text) == {r.id for r in completed}
+    assert _listed(client.get(links["1"]).text) == {failed.id}
+    assert _listed(client.get(links["tool_error"]).text) == {failed.id}
+    assert "outcome=failed" in links["1"] and "finished=1h" in links["1"]
+    by_attempt = client.get("/runs?outcome=failed&finished=1h").text
+    assert failed.id in by_attempt and "with an attempt that finished" in by_attempt
+    assert client.get("/runs?outcome=exploded").status_code == 400
+    assert client.get("/runs?outcome=failed&agent_slug=a").status_code == 400

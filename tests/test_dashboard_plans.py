@@ -121,6 +121,18 @@ CASES: Final[dict[str, tuple[dict[str, Any], set[str]]]] = {
         },
         {"ix_agent_runs_finished"},
     ),
+    "dashboard.runs_by_attempt": (
+        {
+            "window_start": NOW - timedelta(hours=1),
+            "before_at": None,
+            "before_id": None,
+            "outcome": "failed",
+            "error_type": None,
+            "worker": "host-1",
+            "limit": 51,
+        },
+        {"ix_agent_run_attempts_finished", "agent_runs_pkey"},
+    ),
     "dashboard.find_runs": ({"prefix": "done-12", "limit": 21}, {"agent_runs_pkey"}),
     "dashboard.run_times": ({"ids": ["done-1", "done-2"]}, {"agent_runs_pkey"}),
     "dashboard.tree": (

@@ -245,6 +245,26 @@ def finished_runs(
     return reader.rows(query("dashboard.finished_runs"), params)
 
 
+def runs_by_attempt(
+    reader: Reader,
+    *,
+    window_start: datetime,
+    before: tuple[datetime, str] | None,
+    filters: dict[str, Any],
+    limit: int,
+) -> list[dict[str, Any]]:
+    """A page of the runs with an attempt finished since window_start matching `filters`
+    (outcome, error_type, worker), the latest matching attempt first (keyset `before`)."""
+    params = {
+        "window_start": window_start,
+        "before_at": before[0] if before else None,
+        "before_id": before[1] if before else None,
+        "limit": limit,
+        **filters,
+    }
+    return reader.rows(query("dashboard.runs_by_attempt"), params)
+
+
 def run_times(reader: Reader, run_ids: list[str]) -> dict[str, dict[str, Any]]:
     """started_at and finished_at of a page of runs (by primary key)."""
     if not run_ids:

@@ -19,7 +19,7 @@ from agent_runs import validation as check
 from agent_runs.dashboard.text import Shown, shown
 from agent_runs.durations import parse_duration, parse_since
 from agent_runs.errors import InvalidArgument
-from agent_runs.models import RunStatus
+from agent_runs.models import AttemptOutcome, RunStatus
 from agent_runs.operations import DEFAULT_STUCK_AFTER, MAX_LIST_LIMIT
 
 RUNS_PARAMS: Final = (
@@ -35,12 +35,15 @@ RUNS_PARAMS: Final = (
     "before",
     "error_type",
     "finished",
+    "outcome",
+    "attempt_error_type",
 )
 # The filters that read runs by when they finished (the overview's windows), and the window
 # when only error_type is given.
 FINISHED_PARAMS: Final = ("error_type", "finished")
 DEFAULT_FINISHED: Final = "1d"
 DEFAULT_LIMIT: Final = 50
+OUTCOMES: Final = tuple(o.value for o in AttemptOutcome)
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"", "0", "false", "no", "off"})
 _MAX_PARAM_CHARS: Final = 1024
@@ -78,11 +81,19 @@ class RunsQuery:
     before: str = ""
     error_type: str = ""
     finished: str = ""
+    outcome: str = ""
+    attempt_error_type: str = ""
+
+    @property
+    def by_attempt(self) -> bool:
+        """Runs with an attempt finished in a window (outcome or attempt_error_type given, or
+        a worker identity with a window): the workers page's counts."""
+        return bool(self.outcome or self.attempt_error_type or (self.worker and self.finished))
 
     @property
     def by_finish(self) -> bool:
         """Runs finished in a window, the latest first (error_type or finished given)."""
-        return bool(self.error_type or self.finished)
+        return not self.by_attempt and bool(self.error_type or self.finished)
 
     def active_names(self) -> list[str]:
         """The filters set (limit and the page cursor aside), by name."""
@@ -97,6 +108,8 @@ class RunsQuery:
             "stuck_after": self.stuck_after,
             "error_type": self.error_type,
             "finished": self.finished,
+            "outcome": self.outcome,
+            "attempt_error_type": self.attempt_error_type,
         }
         return [name for name, value in values.items() if value]
 
@@ -143,6 +156,8 @@ class RunsQuery:
             "before": self.before,
             "error_type": self.error_type,
             "finished": self.finished,
+            "outcome": self.outcome,
+            "attempt_error_type": self.attempt_error_type,
         }
         values.update({k: ("" if v is None else v) for k, v in changes.items()})
         pairs: list[tuple[str, str]] = []
@@ -191,7 +206,16 @@ def runs_query(params: QueryParams) -> RunsQuery:
             raise BadParameter("status", f"status must be one of {choices}") from None
     texts = {
         name: single(params, name)
-        for name in ("agent_slug", "thread", "uid", "worker", "error_type", "finished")
+        for name in (
+            "agent_slug",
+            "thread",
+            "uid",
+            "worker",
+            "error_type",
+            "finished",
+            "outcome",
+            "attempt_error_type",
+        )
     }
     for name, value in texts.items():
         if value:
@@ -199,6 +223,8 @@ def runs_query(params: QueryParams) -> RunsQuery:
                 _checked(name, lambda n=name, v=value: check.worker_id(v, n))
             elif name == "finished":
                 _checked(name, lambda v=value: parse_duration("finished", v))
+            elif name == "outcome" and value not in OUTCOMES:
+                raise BadParameter(name, f"outcome must be one of {', '.join(OUTCOMES)}")
             else:
                 _checked(name, lambda n=name, v=value: check.identifier(n, v))
     stuck_text = single(params, "stuck").lower()
@@ -223,6 +249,23 @@ def runs_query(params: QueryParams) -> RunsQuery:
         **texts,
     )
     query.filters()  # since and stuck_after parse here, before any SQL
+    if query.by_attempt:
+        given_here = {
+            "status": query.statuses,
+            "agent_slug": query.agent_slug,
+            "thread": query.thread,
+            "uid": query.uid,
+            "since": query.since,
+            "stuck": query.stuck,
+            "stuck_after": query.stuck_after,
+            "error_type": query.error_type,
+        }
+        for name in (name for name, value in given_here.items() if value):
+            raise BadParameter(
+                name,
+                f"{name} cannot be combined with outcome, attempt_error_type or worker with "
+                "finished (runs by their attempts)",
+            )
     if query.by_finish:
         given = {
             "worker": query.worker,

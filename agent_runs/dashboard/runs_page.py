@@ -17,7 +17,14 @@ from agent_runs.cursors import decode_cursor
 from agent_runs.dashboard import data
 from agent_runs.dashboard.common import NotFound, guarded, settings
 from agent_runs.dashboard.guard import dashboard_root
-from agent_runs.dashboard.params import BadParameter, RunsQuery, only, runs_query, single
+from agent_runs.dashboard.params import (
+    OUTCOMES,
+    BadParameter,
+    RunsQuery,
+    only,
+    runs_query,
+    single,
+)
 from agent_runs.dashboard.render import page, run_segment
 from agent_runs.dashboard.text import Shown, shown
 from agent_runs.errors import InvalidArgument
@@ -30,9 +37,9 @@ FINAL_STATUSES: Final = ("completed", "failed", "interrupted", "cancelled")
 FOUND_SHOWN: Final = 20
 
 
-def _finished_cursor(row: dict[str, Any]) -> str:
+def _finished_cursor(row: dict[str, Any], key: str = "finished_at") -> str:
     """The keyset cursor after `row` in the runs-by-finish order (same encoding as runs')."""
-    raw = json.dumps([row["finished_at"].astimezone(UTC).isoformat(), row["id"]])
+    raw = json.dumps([row[key].astimezone(UTC).isoformat(), row["id"]])
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
@@ -61,6 +68,28 @@ def _page_by_finish(
     return rows, cursor
 
 
+def _page_by_attempt(
+    reader: data.Reader, query: RunsQuery, now: Any
+) -> tuple[list[Any], str | None]:
+    try:
+        before = decode_cursor(query.before) if query.before else None
+    except InvalidArgument as exc:
+        raise BadParameter("before", str(exc)) from None
+    rows = data.runs_by_attempt(
+        reader,
+        window_start=now - query.finished_window(),
+        before=before,
+        filters={
+            "outcome": query.outcome or None,
+            "error_type": query.attempt_error_type or None,
+            "worker": query.worker or None,
+        },
+        limit=query.limit,
+    )
+    cursor = _finished_cursor(rows[-1], "matched_at") if len(rows) == query.limit else None
+    return rows, cursor
+
+
 def _tabs(query: RunsQuery, live: data.Live, day: data.Agents) -> list[dict[str, Any]]:
     """Status tabs: live statuses with their counts now, final ones with the last day's."""
     only_status = query.statuses[0] if len(query.statuses) == 1 else None
@@ -69,7 +98,7 @@ def _tabs(query: RunsQuery, live: data.Live, day: data.Agents) -> list[dict[str,
             "label": "all",
             "count": None,
             "link": "",
-            "current": not query.statuses and not query.by_finish,
+            "current": not query.statuses and not (query.by_finish or query.by_attempt),
         }
     ]
     for status in LIVE_STATUSES:
@@ -79,7 +108,7 @@ def _tabs(query: RunsQuery, live: data.Live, day: data.Agents) -> list[dict[str,
                 "count": live.counts.get(status, 0),
                 "note": "now",
                 "link": f"status={status}",
-                "current": only_status == status and not query.by_finish,
+                "current": only_status == status and not (query.by_finish or query.by_attempt),
             }
         )
     for status in FINAL_STATUSES:
@@ -112,7 +141,9 @@ def runs(request: Request) -> Response:
         now = reader.now()
         live = data.live(reader)
         day = config.cache.day(reader, now)[0]
-        if query.by_finish:
+        if query.by_attempt:
+            listings, cursor = _page_by_attempt(reader, query, now)
+        elif query.by_finish:
             listings, cursor = _page_by_finish(reader, query, now)
         else:
             try:
@@ -139,6 +170,7 @@ def runs(request: Request) -> Response:
             "next_link": None if cursor is None else query.link(before=cursor),
             "first_link": query.link(before=None) if query.before else None,
             "statuses": [s.value for s in RunStatus],
+            "outcomes": OUTCOMES,
         },
     )
 

@@ -1,0 +1,33 @@
+-- dashboard.runs_by_attempt: one page of the runs that have an attempt finished in a window
+--                            matching the filters, the latest such attempt first, by (its
+--                            finished_at, run id), after the keyset cursor; the runs behind the
+--                            workers page's counts.
+-- from: attempts finished since window_start with the given outcome, worker identity (owner
+--       token without its last ':' part) and attempt error_type, when not NULL
+-- to:   nothing (read only)
+-- returns: at most limit runs, the listing's columns, each with its attempt count, its last
+--          attempt's owner token and matched_at (its latest matching attempt's finished_at)
+-- notes: a range scan of ix_agent_run_attempts_finished bounded by the window (plan-tested),
+--        as the workers page's own counts read it.
+WITH matched AS (
+    SELECT a.run_id, max(a.finished_at) AS matched_at
+    FROM agent_run_attempts a
+    WHERE a.finished_at IS NOT NULL
+      AND a.finished_at >= %(window_start)s::timestamptz
+      AND (%(outcome)s::text IS NULL OR a.outcome = %(outcome)s::text)
+      AND (%(error_type)s::text IS NULL OR a.error_type = %(error_type)s::text)
+      AND (%(worker)s::text IS NULL
+           OR regexp_replace(a.worker_id, ':[^:]*$', '') = %(worker)s::text)
+    GROUP BY a.run_id
+)
+SELECT r.id, r.status, r.agent_slug, r.thread_id, r.uid, r.error_type, r.created_at,
+       r.started_at, r.finished_at, r.worker_id, m.matched_at,
+       (SELECT count(*) FROM agent_run_attempts a WHERE a.run_id = r.id) AS attempt_count,
+       (SELECT a.worker_id FROM agent_run_attempts a WHERE a.run_id = r.id
+        ORDER BY a.attempt_no DESC LIMIT 1) AS last_worker_id
+FROM matched m
+JOIN agent_runs r ON r.id = m.run_id
+WHERE (m.matched_at, r.id) < (coalesce(%(before_at)s::timestamptz, 'infinity'),
+                              coalesce(%(before_id)s::text, ''))
+ORDER BY m.matched_at DESC, r.id DESC
+LIMIT %(limit)s
