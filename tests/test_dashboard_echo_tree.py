@@ -111,3 +111,11 @@ def test_a_shallow_tree_has_no_cut_note(client: Any, observer: psycopg.Connectio
     assert _listed(page) == chain
     assert "tree-cut" not in page
     assert "tree-cut" not in client.get(f"/tree/{chain[100]}").text
+
+
+def test_a_400_names_every_unknown_parameter(client: Any) -> None:
+    response = client.get("/runs?stauts=failed&agent=x&status=failed")
+    assert response.status_code == 400
+    assert "unknown query parameters stauts, agent" in response.text
+    many = client.get("/?" + "&".join(f"p{n}=1" for n in range(9)))
+    assert "unknown query parameters p0, p1, p2, p3, p4 and 4 more" in many.text

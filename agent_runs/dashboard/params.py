@@ -50,6 +50,7 @@ _MAX_PARAM_CHARS: Final = 1024
 # A parameter's name as echoed on its 400 page, and the longest message there.
 NAME_CHARS: Final = 64
 MESSAGE_CHARS: Final = 2000
+UNKNOWN_NAMED: Final = 5
 
 
 class BadParameter(Exception):
@@ -176,11 +177,16 @@ def _checked(name: str, parse: Any) -> Any:
 
 
 def only(params: QueryParams, allowed: Iterable[str]) -> None:
-    """Refuse any parameter the page does not know (a typo would silently show everything)."""
+    """Refuse any parameter the page does not know (a typo would silently show everything);
+    the 400 names every unknown one (the first UNKNOWN_NAMED of them)."""
     known = set(allowed)
+    unknown = list(dict.fromkeys(name for name in params if name not in known))
+    if unknown:
+        named = ", ".join(shown(name, NAME_CHARS) for name in unknown[:UNKNOWN_NAMED])
+        more = f" and {len(unknown) - UNKNOWN_NAMED} more" if len(unknown) > UNKNOWN_NAMED else ""
+        word = "parameter" if len(unknown) == 1 else "parameters"
+        raise BadParameter(unknown[0], Shown(f"unknown query {word} {named}{more}"))
     for name in params:
-        if name not in known:
-            raise BadParameter(name, Shown(f"unknown query parameter {shown(name, NAME_CHARS)}"))
         for value in params.getlist(name):
             if len(value) > _MAX_PARAM_CHARS:
                 raise BadParameter(name, f"{name} must be at most {_MAX_PARAM_CHARS} characters")
