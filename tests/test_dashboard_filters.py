@@ -168,3 +168,25 @@ def test_the_workers_counts_link_to_the_runs_of_those_attempts(
     assert failed.id in by_attempt and "with an attempt that finished" in by_attempt
     assert client.get("/runs?outcome=exploded").status_code == 400
     assert client.get("/runs?outcome=failed&agent_slug=a").status_code == 400
+
+
+def test_runs_by_attempt_pages_list_each_run_once(client: Any, repo: AgentRunRepository) -> None:
+    ids = []
+    for _ in range(3):
+        run = new_run(repo)
+        for _attempt in range(2):  # two attempts by the same worker identity
+            claim = repo.mark_running(run.id, worker_id=f"host-9:{run.id[-4:]}", lease_seconds=60)
+            assert claim.acquired and claim.run is not None and claim.run.worker_id
+            if _attempt == 0:
+                assert repo.release_lease_for_retry(run.id, worker_id=claim.run.worker_id)
+            else:
+                repo.set_terminal_status(run.id, status="completed", worker_id=claim.run.worker_id)
+        ids.append(run.id)
+    seen: list[str] = []
+    link = "/runs?worker=host-9&finished=1h&limit=1"
+    while link:
+        html = client.get(link).text
+        seen += sorted(_listed(html))
+        found = re.search(r'<a rel="next" href="([^"]+)"', html)
+        link = found.group(1).replace("&amp;", "&") if found else ""
+    assert sorted(seen) == sorted(ids)

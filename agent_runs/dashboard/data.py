@@ -33,6 +33,7 @@ TREE_PAGE: Final = 1000
 TREE_LEVELS: Final = 100
 CHILDREN: Final = 50
 DAY_TOTALS_SECONDS: Final = 30.0
+LIVE_SECONDS: Final = 5.0
 _NON_TERMINAL: Final = ("pending", "running", "cancel_requested")
 
 
@@ -166,6 +167,19 @@ class Cached:
         self.seconds = seconds
         self._lock = threading.Lock()
         self._value: tuple[float, datetime, Agents, dict[str, int]] | None = None
+        self._live: tuple[float, Live] | None = None
+
+    def live(self, reader: Reader) -> Live:
+        """Live runs by status for the runs page's tabs: read at most every LIVE_SECONDS (a
+        count over every live run; the overview reads its own fresh)."""
+        with self._lock:
+            value = self._live
+        if value is not None and time.monotonic() < value[0]:
+            return value[1]
+        fresh = live(reader)
+        with self._lock:
+            self._live = (time.monotonic() + LIVE_SECONDS, fresh)
+        return fresh
 
     def day(self, reader: Reader, now: datetime) -> tuple[Agents, datetime, dict[str, int]]:
         """The day's totals, the database time they were computed at, and the last hour's

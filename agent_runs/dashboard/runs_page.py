@@ -139,7 +139,7 @@ def runs(request: Request) -> Response:
     query = runs_query(request.query_params)
     with data.reading(config.pool, config.statement_timeout_seconds) as reader:
         now = reader.now()
-        live = data.live(reader)
+        live = config.cache.live(reader)
         day = config.cache.day(reader, now)[0]
         if query.by_attempt:
             listings, cursor = _page_by_attempt(reader, query, now)
