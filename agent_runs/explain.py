@@ -282,7 +282,7 @@ _STATUS_RULES: Final = {
 
 
 def _ok(run: AgentRun, reason: str, attempts: list[RunAttempt]) -> Explanation:
-    earlier = ", ".join(f"#{a.attempt_no} {a.outcome}" for a in attempts[:-1])
+    earlier = summarize_attempts(attempts[:-1])
     suffix = f" (earlier: {earlier})" if earlier else ""
     return Explanation(True, f"{run.status}: {reason}{suffix}{_resumes(attempts)}")
 
@@ -305,6 +305,35 @@ def _resumes(attempts: list[RunAttempt]) -> str:
                 f"attempt {before.attempt_no} {left}"
             )
     return "".join(f"; {text}" for text in said)
+
+
+# Consecutive attempts alike (same outcome and error type) from this many on are one entry.
+SUMMARY_RUN: Final = 3
+
+
+def summarize_attempts(attempts: Sequence[RunAttempt]) -> str:
+    """An attempt history in one short line: `#1 retry_released, #2 lease_expired`; a run of
+    SUMMARY_RUN or more consecutive attempts alike as one entry with its error type,
+    `#1–#118 retry_released (rate_limited)`, so a long history stays readable."""
+    groups: list[list[RunAttempt]] = []
+    for attempt in attempts:
+        last = groups[-1][-1] if groups else None
+        if last is not None and (last.outcome, last.error_type) == (
+            attempt.outcome,
+            attempt.error_type,
+        ):
+            groups[-1].append(attempt)
+        else:
+            groups.append([attempt])
+    parts: list[str] = []
+    for group in groups:
+        first, last = group[0], group[-1]
+        if len(group) < SUMMARY_RUN:
+            parts += [f"#{a.attempt_no} {a.outcome}" for a in group]
+            continue
+        cause = f" ({escape(first.error_type)})" if first.error_type else ""
+        parts.append(f"#{first.attempt_no}–#{last.attempt_no} {first.outcome}{cause}")
+    return ", ".join(parts)
 
 
 def _unexplained(run: AgentRun, problem: str) -> Explanation:

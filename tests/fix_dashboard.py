@@ -57,9 +57,9 @@ def free_port() -> int:
         return port
 
 
-def serve(app: Any) -> Served:
+def serve(app: Any, port: int | None = None) -> Served:
     uvicorn = pytest.importorskip("uvicorn")
-    port = free_port()
+    port = port or free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)

@@ -154,7 +154,8 @@ def test_an_open_page_shows_a_run_change_state_without_a_reload(
     page.locator("#run-head .status.s-completed").wait_for(timeout=20_000)
     page.locator("#run-attempts .status.s-completed").wait_for()
     assert navigations == []  # swapped in place, not reloaded
-    assert "updated" in page.locator("#live-state").inner_text()
+    # The run is final now: its page stops refreshing.
+    assert "final: no more refresh" in page.locator("#live-state").inner_text()
     page.goto(f"{server.url}/runs?status=pending")
     new = new_run(repo)
     page.locator("#runs-list").get_by_role("link", name=new.id).wait_for(timeout=20_000)

@@ -356,18 +356,30 @@ def test_a_closed_pool_is_a_503_page(dsn: str) -> None:
             assert "Database unavailable" in response.text
 
 
-def test_the_days_totals_are_cached_while_the_rest_is_fresh(
+def test_the_finished_totals_are_cached_together_and_the_chart_is_fresh(
     client: Any, repo: AgentRunRepository
 ) -> None:
+    """The last hour's and the last day's counts come from the same moment (the hour never
+    shows more than the day), each a link to its runs; the chart is read fresh."""
+
     def finished_counts(html: str) -> list[str]:
         section = html.split('id="finished"', 1)[1].split("</table>", 1)[0]
         row = section.split("s-completed", 1)[1].split("</tr>", 1)[0]
-        return re.findall(r'<td class="num">([0-9,]+)</td>', row)
+        return re.findall(
+            r'<a href="/runs\?status=completed&amp;finished=1[hd]">([0-9,]+)</a>', row
+        )
+
+    def charted(html: str) -> str:
+        return html.split('<desc id="chart-desc">', 1)[1].split(" ", 1)[0]
 
     finished_run(repo)
-    assert finished_counts(client.get("/").text) == ["1", "1"]  # last 60 min, last day
+    first = client.get("/").text
+    assert finished_counts(first) == ["1", "1"]  # last 60 min, last day
+    assert charted(first) == "1"
     finished_run(repo)
-    assert finished_counts(client.get("/").text) == ["2", "1"]  # the day's: as of 30 s ago
+    second = client.get("/").text
+    assert finished_counts(second) == ["1", "1"]  # both as of the same moment, 30 s ago
+    assert charted(second) == "2"
 
 
 def test_a_404_names_the_run_id_as_visible_text_escaped_once(client: Any) -> None:

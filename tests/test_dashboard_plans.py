@@ -107,8 +107,36 @@ CASES: Final[dict[str, tuple[dict[str, Any], set[str]]]] = {
     ),
     "run_stats.runs": ({"window_start": NOW - timedelta(days=1)}, {"ix_agent_runs_finished"}),
     "dashboard.children": ({"run_id": "live-1", "limit": 51}, {"ix_agent_runs_created_by_run_id"}),
+    "dashboard.finished_runs": (
+        {
+            "window_start": NOW - timedelta(days=1),
+            "before_at": None,
+            "before_id": None,
+            "statuses": None,
+            "agent_slug": None,
+            "thread_id": None,
+            "uid": None,
+            "error_type": "tool_error",
+            "limit": 51,
+        },
+        {"ix_agent_runs_finished"},
+    ),
+    "dashboard.runs_by_attempt": (
+        {
+            "window_start": NOW - timedelta(hours=1),
+            "before_at": None,
+            "before_id": None,
+            "outcome": "failed",
+            "error_type": None,
+            "worker": "host-1",
+            "limit": 51,
+        },
+        {"ix_agent_run_attempts_finished", "agent_runs_pkey"},
+    ),
+    "dashboard.find_runs": ({"prefix": "done-12", "limit": 21}, {"agent_runs_pkey"}),
+    "dashboard.run_times": ({"ids": ["done-1", "done-2"]}, {"agent_runs_pkey"}),
     "dashboard.tree": (
-        {"run_id": "live-7", "limit": 51},
+        {"run_id": "live-7", "limit": 51, "up": 100, "down": 100},
         {"agent_runs_pkey", "ix_agent_runs_created_by_run_id"},
     ),
 }

@@ -246,7 +246,8 @@ def test_hostile_strings_render_as_visible_text(
         assert not re.search(r"<[^>]*\son\w+\s*=", html), path  # no event handler attribute
     detail = cancel_client.get(f"/runs/{run.id}").text
     assert "&lt;script&gt;alert(&#39;msg&#39;)&lt;/script&gt;" in detail
-    assert "\\u202eevil\\u2066\\e[31mred\\r\\nnext\\x07" in detail
+    # Line breaks are kept (CRLF as one), every other control character made visible.
+    assert "\\u202eevil\\u2066\\e[31mred\nnext\\x07" in detail
     assert "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;" in detail
     assert "javascript:alert(document.cookie)" in detail  # shown as text, never as a link
     assert 'href="javascript' not in detail

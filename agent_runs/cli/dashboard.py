@@ -10,12 +10,15 @@ import argparse
 import ipaddress
 import os
 import signal
+import socket
 import sys
 from types import FrameType
 from typing import Any, Final
 
 from agent_runs.cli.common import UsageError, connect_options, resolve_dsn
+from agent_runs.display import escape
 from agent_runs.durations import parse_duration
+from agent_runs.errors import InvalidArgument
 
 TOKEN_ENV: Final = "AGENT_RUNS_DASHBOARD_TOKEN"
 DEFAULT_HOST: Final = "127.0.0.1"
@@ -44,6 +47,15 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--pool-size", type=int, default=4, metavar="N", help="connections (4)")
     p.add_argument(
         "--root-path", default="", help="the path prefix a reverse proxy serves it under"
+    )
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests whose Host header is NAME (any port) or NAME:PORT, e.g. the "
+        "name a reverse proxy forwards; repeatable. Without it only the bound address and "
+        "localhost, 127.0.0.1 and [::1] with --port are answered (others get a 400)",
     )
     p.set_defaults(func=cmd_dashboard)
 
@@ -84,20 +96,28 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         ) from None
     from agent_runs.db import create_pool
 
+    allowed_hosts = _allowed_hosts(args)
+
     options = connect_options(args)
     with create_pool(dsn, min_size=1, max_size=args.pool_size, **options) as pool:
         app = create_app(
-            pool, allow_cancel=args.allow_cancel, token=token, statement_timeout_seconds=timeout
+            pool,
+            allow_cancel=args.allow_cancel,
+            token=token,
+            statement_timeout_seconds=timeout,
+            allowed_hosts=allowed_hosts,
         )
+        from agent_runs.dashboard.startup import startup_lines
+
         host = f"[{args.host}]" if ":" in args.host else args.host
-        notes = (" (token required)" if token else "") + (
-            " (cancel allowed)" if args.allow_cancel else ""
+        lines = startup_lines(
+            f"http://{host}:{args.port}{args.root_path}/",
+            dsn,
+            allow_cancel=args.allow_cancel,
+            token=token is not None,
+            allowed_hosts=allowed_hosts,
         )
-        print(
-            f"agent_runs dashboard on http://{host}:{args.port}{args.root_path}/{notes}",
-            file=sys.stderr,
-            flush=True,
-        )
+        print("\n".join(lines), file=sys.stderr, flush=True)
         # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: our handler
         # then turns it into a normal exit (0) instead of death by signal.
         previous = signal.signal(signal.SIGTERM, _stopped)
@@ -116,6 +136,34 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         finally:
             signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _allowed_hosts(args: argparse.Namespace) -> list[str]:
+    """The Host names this server answers to; a bad --allowed-host is a usage error."""
+    from agent_runs.dashboard.hosts import parse_entry, served_hosts
+
+    for entry in args.allowed_host:
+        try:
+            parse_entry(entry)
+        except InvalidArgument as exc:
+            raise UsageError(f"--allowed-host {escape(entry)[:80]}: {exc}") from None
+    extra = list(args.allowed_host)
+    if args.host in ("0.0.0.0", "::"):  # every interface: the machine's own names reach it
+        extra += [f"{name}:{args.port}" for name in _machine_names()]
+    return served_hosts(args.host, args.port, extra)
+
+
+def _machine_names() -> list[str]:
+    from agent_runs.dashboard.hosts import parse_entry
+
+    names: list[str] = []
+    for name in dict.fromkeys([socket.gethostname(), socket.getfqdn()]):
+        try:
+            parse_entry(name)
+        except InvalidArgument:
+            continue
+        names.append(name)
+    return names
 
 
 class _Stopped(Exception):

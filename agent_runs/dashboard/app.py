@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
@@ -16,10 +17,11 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Scope
 
-from agent_runs.dashboard import actions, pages, run_page
+from agent_runs.dashboard import actions, login, pages, run_page, runs_page
 from agent_runs.dashboard.common import Settings
 from agent_runs.dashboard.data import Cached
 from agent_runs.dashboard.guard import Guard
+from agent_runs.dashboard.hosts import HostAllowList
 from agent_runs.dashboard.render import DOT_IDS, DOT_MARK, error_page, make_environment
 from agent_runs.errors import InvalidArgument
 
@@ -62,12 +64,17 @@ def create_app(
     allow_cancel: bool = False,
     token: str | None = None,
     statement_timeout_seconds: float = 5.0,
+    allowed_hosts: Iterable[str] | None = None,
 ) -> ASGIApp:
     """The dashboard over `pool` (a psycopg_pool.ConnectionPool, e.g. agent_runs.create_pool).
 
     allow_cancel: offer cancel and cancel-tree on the run page (never on a hot standby).
     token: every request then needs `Authorization: Bearer <token>` or the cookie that /login
     sets. statement_timeout_seconds: each request's queries are cancelled after this long (503).
+    allowed_hosts: the names (`host`, `host:port`, `[v6]:port`) a request's Host header may
+    give; any other is a 400 before any other work (this defeats DNS rebinding). None, the
+    default, checks no Host: for an app mounted in another, whose server checks it (Starlette's
+    TrustedHostMiddleware); `agent-runs dashboard` always passes its list.
     """
     if not isinstance(allow_cancel, bool):
         raise InvalidArgument("allow_cancel must be True or False")
@@ -82,10 +89,12 @@ def create_app(
         or not 0.001 <= statement_timeout_seconds <= 3600
     ):
         raise InvalidArgument("statement_timeout_seconds must be a number from 0.001 to 3600")
+    hosts = None if allowed_hosts is None else HostAllowList(allowed_hosts)
     env = make_environment()
     routes: list[BaseRoute] = [
         Route("/", pages.overview, name="overview"),
-        Route("/runs", pages.runs, name="runs"),
+        Route("/runs", runs_page.runs, name="runs"),
+        Route("/find", runs_page.find, name="find"),
         Route("/runs/{run_id:agent_runs_run_id}", run_page.run_page, name="run"),
         Route("/tree/{run_id:agent_runs_run_id}", run_page.tree_page, name="tree"),
         Route("/json/{kind}/{run_id:agent_runs_run_id}", run_page.document, name="document"),
@@ -94,15 +103,21 @@ def create_app(
         # Browsers ask for /favicon.ico on pages that name no icon (the JSON views): a 404
         # there is a console error.
         Route("/favicon.ico", _favicon),
-        Route("/login", actions.login_form, methods=["GET"]),
-        Route("/login", actions.login, methods=["POST"]),
-        Route("/logout", actions.logout, methods=["POST"]),
+        Route("/login", login.login_form, methods=["GET"]),
+        Route("/login", login.login, methods=["POST"]),
+        Route("/logout", login.logout, methods=["POST"]),
+        Route("/done/{action}", actions.result, methods=["GET"]),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    for action in actions.ACTIONS:
-        path = f"/{action}/{{run_id:agent_runs_run_id}}"
-        routes.append(Route(path, actions.confirmer(action), methods=["GET"]))
-        routes.append(Route(path, actions.performer(action), methods=["POST"]))
+    for name, action in actions.ACTIONS.items():
+        path = f"/{name}/{{run_id:agent_runs_run_id}}"
+        routes.append(Route(path, actions.confirmer(name), methods=["GET"]))
+        routes.append(Route(path, actions.performer(name), methods=["POST"]))
+        if action.bulk:
+            routes.append(Route(f"/selected/{name}", actions.bulk_confirmer(name)))
+            routes.append(
+                Route(f"/selected/{name}", actions.bulk_performer(name), methods=["POST"])
+            )
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = int(getattr(exc, "status_code", 500))
@@ -129,10 +144,11 @@ def create_app(
         env=env,
         cache=Cached(),
     )
+    app.state.login_failures = login.Failures()
 
     async def refuse(scope: Scope, status: int, message: str) -> tuple[bytes, str]:
         title = _TITLES.get(status, "Refused")
         response = error_page(env, {**scope, "app": app}, status, title, message)
         return bytes(response.body), "text/html; charset=utf-8"
 
-    return Guard(app, token=token, refuse=refuse)
+    return Guard(app, token=token, refuse=refuse, allowed_hosts=hosts)

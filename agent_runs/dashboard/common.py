@@ -64,11 +64,12 @@ def guarded(handler: Callable[_P, Response]) -> Callable[_P, Response]:
         try:
             return handler(*args, **kwargs)
         except BadParameter as exc:
-            return error_page(env, request, 400, f"Bad parameter: {exc.name}", str(exc))
+            return error_page(env, request, 400, exc.title, exc.message)
         except InvalidArgument as exc:
             return error_page(env, request, 400, "Bad parameter", str(exc))
         except NotFound as exc:
-            return error_page(env, request, 404, "Not found", str(exc))
+            message = exc.args[0] if exc.args else "Not found"
+            return error_page(env, request, 404, "Not found", message)
         except pg_errors.QueryCanceled:
             timeout = settings(request).statement_timeout_seconds
             message = (

@@ -29,8 +29,11 @@ WORKERS_TOP: Final = 200
 # Runs of a tree shown on the run page, and on the tree page behind its link.
 TREE_ON_RUN_PAGE: Final = 50
 TREE_PAGE: Final = 1000
+# Levels a tree view reaches above the run (to find its top) and below that top.
+TREE_LEVELS: Final = 100
 CHILDREN: Final = 50
 DAY_TOTALS_SECONDS: Final = 30.0
+LIVE_SECONDS: Final = 5.0
 _NON_TERMINAL: Final = ("pending", "running", "cancel_requested")
 
 
@@ -163,18 +166,33 @@ class Cached:
     def __init__(self, seconds: float = DAY_TOTALS_SECONDS) -> None:
         self.seconds = seconds
         self._lock = threading.Lock()
-        self._value: tuple[float, datetime, Agents] | None = None
+        self._value: tuple[float, datetime, Agents, dict[str, int]] | None = None
+        self._live: tuple[float, Live] | None = None
 
-    def day(self, reader: Reader, now: datetime) -> tuple[Agents, datetime]:
-        """The day's totals and the database time they were computed at."""
+    def live(self, reader: Reader) -> Live:
+        """Live runs by status for the runs page's tabs: read at most every LIVE_SECONDS (a
+        count over every live run; the overview reads its own fresh)."""
+        with self._lock:
+            value = self._live
+        if value is not None and time.monotonic() < value[0]:
+            return value[1]
+        fresh = live(reader)
+        with self._lock:
+            self._live = (time.monotonic() + LIVE_SECONDS, fresh)
+        return fresh
+
+    def day(self, reader: Reader, now: datetime) -> tuple[Agents, datetime, dict[str, int]]:
+        """The day's totals, the database time they were computed at, and the last hour's
+        counts by status as of that same time (so that the two windows always agree)."""
         with self._lock:
             value = self._value
         if value is not None and time.monotonic() < value[0]:
-            return value[2], value[1]
+            return value[2], value[1], value[3]
         fresh = agents(reader, now - timedelta(days=1))
+        hour = per_minute(reader, now).by_status
         with self._lock:
-            self._value = (time.monotonic() + self.seconds, now, fresh)
-        return fresh, now
+            self._value = (time.monotonic() + self.seconds, now, fresh, hour)
+        return fresh, now, hour
 
 
 def agents(reader: Reader, window_start: datetime) -> Agents:
@@ -192,8 +210,86 @@ def workers(reader: Reader, window_start: datetime, top: int = WORKERS_TOP) -> l
     return reader.rows(query("dashboard.workers"), params)
 
 
-def tree(reader: Reader, run_id: str, limit: int) -> list[dict[str, Any]]:
-    return reader.rows(query("dashboard.tree"), {"run_id": run_id, "limit": limit})
+@dataclass(frozen=True, slots=True)
+class Tree:
+    """A bounded view of a sub-agent tree, and where it is cut."""
+
+    nodes: list[dict[str, Any]]  # parents before children, at most the view's limit
+    more: bool  # the view holds more runs than its limit
+    above: str | None  # the top's parent, when the view starts below the tree's root
+    cut_below: list[dict[str, Any]]  # shown runs whose children are TREE_LEVELS below the top
+
+
+def tree(reader: Reader, run_id: str, limit: int, *, from_run: bool = False) -> Tree:
+    """The tree around `run_id`: from its root (or its ancestor TREE_LEVELS up), or with
+    `from_run` from the run itself; TREE_LEVELS levels down from there."""
+    params = {
+        "run_id": run_id,
+        "limit": limit + 1,
+        "up": 0 if from_run else TREE_LEVELS,
+        "down": TREE_LEVELS,
+    }
+    rows = reader.rows(query("dashboard.tree"), params)
+    nodes = rows[:limit]
+    top = nodes[0] if nodes else None
+    return Tree(
+        nodes=nodes,
+        more=len(rows) > limit,
+        above=str(top["parent"]) if top is not None and top["more_above"] else None,
+        cut_below=[n for n in nodes if n["more_below"]],
+    )
+
+
+def finished_runs(
+    reader: Reader,
+    *,
+    window_start: datetime,
+    before: tuple[datetime, str] | None,
+    filters: dict[str, Any],
+    limit: int,
+) -> list[dict[str, Any]]:
+    """A page of the runs finished since window_start, the latest first (keyset `before`)."""
+    params = {
+        "window_start": window_start,
+        "before_at": before[0] if before else None,
+        "before_id": before[1] if before else None,
+        "limit": limit,
+        **filters,
+    }
+    return reader.rows(query("dashboard.finished_runs"), params)
+
+
+def runs_by_attempt(
+    reader: Reader,
+    *,
+    window_start: datetime,
+    before: tuple[datetime, str] | None,
+    filters: dict[str, Any],
+    limit: int,
+) -> list[dict[str, Any]]:
+    """A page of the runs with an attempt finished since window_start matching `filters`
+    (outcome, error_type, worker), the latest matching attempt first (keyset `before`)."""
+    params = {
+        "window_start": window_start,
+        "before_at": before[0] if before else None,
+        "before_id": before[1] if before else None,
+        "limit": limit,
+        **filters,
+    }
+    return reader.rows(query("dashboard.runs_by_attempt"), params)
+
+
+def run_times(reader: Reader, run_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """started_at and finished_at of a page of runs (by primary key)."""
+    if not run_ids:
+        return {}
+    rows = reader.rows(query("dashboard.run_times"), {"ids": run_ids})
+    return {str(row["id"]): row for row in rows}
+
+
+def find_runs(reader: Reader, prefix: str, limit: int) -> list[dict[str, Any]]:
+    """Runs whose id starts with `prefix`, in id order."""
+    return reader.rows(query("dashboard.find_runs"), {"prefix": prefix, "limit": limit})
 
 
 def children(reader: Reader, run_id: str) -> list[dict[str, Any]]:

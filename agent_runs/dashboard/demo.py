@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from agent_runs.dashboard import create_app
+    from agent_runs.dashboard.hosts import served_hosts
+    from agent_runs.dashboard.startup import startup_lines
     from agent_runs.db import create_pool
 
     with (
@@ -148,11 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         live_trickle(dsn),
         create_pool(dsn, min_size=1, max_size=4) as pool,
     ):
-        app = create_app(pool, allow_cancel=True)
+        hosts = served_hosts("127.0.0.1", args.port)
+        app = create_app(pool, allow_cancel=True, allowed_hosts=hosts)
+        url = f"http://127.0.0.1:{args.port}/"
+        lines = startup_lines(url, dsn, allow_cancel=True, token=False, allowed_hosts=hosts)
         print(
-            f"\nagent_runs dashboard: http://127.0.0.1:{args.port}/  (Ctrl-C stops it, the "
-            "worker and the embedded PostgreSQL)\n",
-            flush=True,
+            "", *lines, "  (Ctrl-C stops it, the worker and the embedded PostgreSQL)", "", sep="\n"
         )
         with contextlib.suppress(KeyboardInterrupt):
             uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")

@@ -1,5 +1,6 @@
-"""The ASGI layer around the dashboard's routes: security headers on every response, the
-method rule (read only), token auth, and a last-resort 500 page that never shows a traceback.
+"""The ASGI layer around the dashboard's routes: the Host allow-list (first, before any other
+work), security headers on every response, the method rule (read only), token auth, and a
+last-resort 500 page that never shows a traceback.
 
 It wraps the Starlette app from the outside, so that even Starlette's own error responses and
 the static files carry the headers.
@@ -14,6 +15,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agent_runs.dashboard.hosts import HostAllowList
 
 log = logging.getLogger("agent_runs.dashboard")
 
@@ -33,6 +36,11 @@ _SAFE_METHODS: Final = frozenset({"GET", "HEAD"})
 _FALLBACK_PAGE: Final = (
     b"<!doctype html><title>Internal error</title><h1>Internal error</h1>"
     b"<p>The dashboard failed on this request; the details are in its log.</p>"
+)
+
+_WRONG_HOST: Final = (
+    b"400 Bad request: this dashboard does not answer to the Host this request names. "
+    b"Open it by the address it printed at start, or start it with --allowed-host NAME.\n"
 )
 
 
@@ -87,10 +95,12 @@ class Guard:
         *,
         token: str | None,
         refuse: Callable[[Scope, int, str], Awaitable[tuple[bytes, str]]] | None = None,
+        allowed_hosts: HostAllowList | None = None,
     ) -> None:
         self.app = app
         self.token = token
         self.refuse = refuse
+        self.allowed_hosts = allowed_hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -111,10 +121,16 @@ class Guard:
         method = scope.get("method", "GET")
         path = route_path(scope)
         try:
+            headers = dict(scope.get("headers", []))
+            if self.allowed_hosts is not None and not self.allowed_hosts.allows(
+                headers.get(b"host"), str(scope.get("scheme", "http"))
+            ):
+                # Plain text: nothing of the request is echoed, no template is rendered.
+                await _respond(send_secured, 400, _WRONG_HOST, "text/plain; charset=utf-8")
+                return
             if method not in _SAFE_METHODS and method != "POST":
                 await self._refused(scope, send_secured, 405, f"{method} is not allowed here")
                 return
-            headers = dict(scope.get("headers", []))
             if (
                 self.token is not None
                 and path not in _OPEN_PATHS

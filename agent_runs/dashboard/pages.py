@@ -11,12 +11,10 @@ from starlette.responses import Response
 from agent_runs.dashboard import data
 from agent_runs.dashboard.chart import per_minute_chart
 from agent_runs.dashboard.common import guarded, settings
-from agent_runs.dashboard.params import BadParameter, only, runs_query, single
+from agent_runs.dashboard.params import BadParameter, only, single
 from agent_runs.dashboard.render import page
 from agent_runs.durations import parse_duration
 from agent_runs.errors import InvalidArgument
-from agent_runs.models import RunStatus
-from agent_runs.operations import runs_cursor
 
 STUCK_SHOWN: Final = 10
 HOUR: Final = timedelta(hours=1)
@@ -34,7 +32,7 @@ def overview(request: Request) -> Response:
         stats = reader.repo.run_stats(since=HOUR, now=now)
         stuck = reader.repo.list_run_listings(stuck=True, limit=STUCK_SHOWN + 1, now=now)
         minutes = data.per_minute(reader, now)
-        day, day_at = config.cache.day(reader, now)
+        day, day_at, hour_at_day = config.cache.day(reader, now)
         workers = data.workers(reader, now - HOUR, data.TOP)
     oldest_pending = live.oldest.get("pending")
     return page(
@@ -48,7 +46,7 @@ def overview(request: Request) -> Response:
             "live": live,
             "live_statuses": ("pending", "running", "cancel_requested"),
             "terminal": TERMINAL,
-            "last_hour": minutes.by_status,
+            "last_hour": hour_at_day,
             "last_day": day.by_status,
             "day_at": day_at,
             "stats": stats,
@@ -59,35 +57,6 @@ def overview(request: Request) -> Response:
             "chart": per_minute_chart(minutes.minutes),
             "agents": day.agents,
             "workers": workers,
-        },
-    )
-
-
-@guarded
-def runs(request: Request) -> Response:
-    config = settings(request)
-    query = runs_query(request.query_params)
-    with data.reading(config.pool, config.statement_timeout_seconds) as reader:
-        now = reader.now()
-        try:
-            listings = reader.repo.list_run_listings(**query.filters(), now=now)
-        except InvalidArgument as exc:
-            name = str(exc).split(" ", 1)[0]
-            raise BadParameter(name, str(exc)) from None
-    cursor = runs_cursor(listings[-1]) if len(listings) == query.limit else None
-    return page(
-        config.env,
-        request.scope,
-        "runs.html",
-        {
-            "nav": "runs",
-            "live_page": True,
-            "now": now,
-            "query": query,
-            "listings": listings,
-            "next_link": None if cursor is None else query.link(before=cursor),
-            "first_link": query.link(before=None) if query.before else None,
-            "statuses": [s.value for s in RunStatus],
         },
     )
 

@@ -16,9 +16,10 @@ from urllib.parse import urlencode
 from starlette.datastructures import QueryParams
 
 from agent_runs import validation as check
+from agent_runs.dashboard.text import Shown, shown
 from agent_runs.durations import parse_duration, parse_since
 from agent_runs.errors import InvalidArgument
-from agent_runs.models import RunStatus
+from agent_runs.models import AttemptOutcome, RunStatus
 from agent_runs.operations import DEFAULT_STUCK_AFTER, MAX_LIST_LIMIT
 
 RUNS_PARAMS: Final = (
@@ -32,19 +33,37 @@ RUNS_PARAMS: Final = (
     "stuck_after",
     "limit",
     "before",
+    "error_type",
+    "finished",
+    "outcome",
+    "attempt_error_type",
 )
+# The filters that read runs by when they finished (the overview's windows), and the window
+# when only error_type is given.
+FINISHED_PARAMS: Final = ("error_type", "finished")
+DEFAULT_FINISHED: Final = "1d"
 DEFAULT_LIMIT: Final = 50
+OUTCOMES: Final = tuple(o.value for o in AttemptOutcome)
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"", "0", "false", "no", "off"})
 _MAX_PARAM_CHARS: Final = 1024
+# A parameter's name as echoed on its 400 page, and the longest message there.
+NAME_CHARS: Final = 64
+MESSAGE_CHARS: Final = 2000
+UNKNOWN_NAMED: Final = 5
 
 
 class BadParameter(Exception):
-    """A query parameter the page refuses: shown as a 400 page that names it."""
+    """A query parameter the page refuses: shown as a 400 page that names it.
 
-    def __init__(self, name: str, message: str) -> None:
+    The name and message come from the request: `title` and `message` are them as visible text
+    (escaped and cut as the CLI shows values), ready for the page."""
+
+    def __init__(self, name: str, message: str | Shown) -> None:
         super().__init__(message)
         self.name = name
+        self.title = Shown(f"Bad parameter: {shown(name, NAME_CHARS)}")
+        self.message = message if isinstance(message, Shown) else shown(message, MESSAGE_CHARS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +80,44 @@ class RunsQuery:
     stuck_after: str = ""
     limit: int = DEFAULT_LIMIT
     before: str = ""
+    error_type: str = ""
+    finished: str = ""
+    outcome: str = ""
+    attempt_error_type: str = ""
+
+    @property
+    def by_attempt(self) -> bool:
+        """Runs with an attempt finished in a window (outcome or attempt_error_type given, or
+        a worker identity with a window): the workers page's counts."""
+        return bool(self.outcome or self.attempt_error_type or (self.worker and self.finished))
+
+    @property
+    def by_finish(self) -> bool:
+        """Runs finished in a window, the latest first (error_type or finished given)."""
+        return not self.by_attempt and bool(self.error_type or self.finished)
+
+    def active_names(self) -> list[str]:
+        """The filters set (limit and the page cursor aside), by name."""
+        values = {
+            "status": self.statuses,
+            "agent_slug": self.agent_slug,
+            "thread": self.thread,
+            "uid": self.uid,
+            "worker": self.worker,
+            "since": self.since,
+            "stuck": self.stuck,
+            "stuck_after": self.stuck_after,
+            "error_type": self.error_type,
+            "finished": self.finished,
+            "outcome": self.outcome,
+            "attempt_error_type": self.attempt_error_type,
+        }
+        return [name for name, value in values.items() if value]
+
+    def finished_window(self) -> timedelta:
+        text = self.finished or DEFAULT_FINISHED
+        window: timedelta = _checked("finished", lambda: parse_duration("finished", text))
+        return window
 
     def filters(self) -> dict[str, Any]:
         """Keyword arguments of list_runs / list_run_listings."""
@@ -98,6 +155,10 @@ class RunsQuery:
             "stuck_after": self.stuck_after,
             "limit": "" if self.limit == DEFAULT_LIMIT else str(self.limit),
             "before": self.before,
+            "error_type": self.error_type,
+            "finished": self.finished,
+            "outcome": self.outcome,
+            "attempt_error_type": self.attempt_error_type,
         }
         values.update({k: ("" if v is None else v) for k, v in changes.items()})
         pairs: list[tuple[str, str]] = []
@@ -116,11 +177,16 @@ def _checked(name: str, parse: Any) -> Any:
 
 
 def only(params: QueryParams, allowed: Iterable[str]) -> None:
-    """Refuse any parameter the page does not know (a typo would silently show everything)."""
+    """Refuse any parameter the page does not know (a typo would silently show everything);
+    the 400 names every unknown one (the first UNKNOWN_NAMED of them)."""
     known = set(allowed)
+    unknown = list(dict.fromkeys(name for name in params if name not in known))
+    if unknown:
+        named = ", ".join(shown(name, NAME_CHARS) for name in unknown[:UNKNOWN_NAMED])
+        more = f" and {len(unknown) - UNKNOWN_NAMED} more" if len(unknown) > UNKNOWN_NAMED else ""
+        word = "parameter" if len(unknown) == 1 else "parameters"
+        raise BadParameter(unknown[0], Shown(f"unknown query {word} {named}{more}"))
     for name in params:
-        if name not in known:
-            raise BadParameter(name, f"unknown query parameter {name!r}")
         for value in params.getlist(name):
             if len(value) > _MAX_PARAM_CHARS:
                 raise BadParameter(name, f"{name} must be at most {_MAX_PARAM_CHARS} characters")
@@ -144,11 +210,27 @@ def runs_query(params: QueryParams) -> RunsQuery:
         except ValueError:
             choices = ", ".join(s.value for s in RunStatus)
             raise BadParameter("status", f"status must be one of {choices}") from None
-    texts = {name: single(params, name) for name in ("agent_slug", "thread", "uid", "worker")}
+    texts = {
+        name: single(params, name)
+        for name in (
+            "agent_slug",
+            "thread",
+            "uid",
+            "worker",
+            "error_type",
+            "finished",
+            "outcome",
+            "attempt_error_type",
+        )
+    }
     for name, value in texts.items():
         if value:
             if name == "worker":
                 _checked(name, lambda n=name, v=value: check.worker_id(v, n))
+            elif name == "finished":
+                _checked(name, lambda v=value: parse_duration("finished", v))
+            elif name == "outcome" and value not in OUTCOMES:
+                raise BadParameter(name, f"outcome must be one of {', '.join(OUTCOMES)}")
             else:
                 _checked(name, lambda n=name, v=value: check.identifier(n, v))
     stuck_text = single(params, "stuck").lower()
@@ -173,4 +255,32 @@ def runs_query(params: QueryParams) -> RunsQuery:
         **texts,
     )
     query.filters()  # since and stuck_after parse here, before any SQL
+    if query.by_attempt:
+        given_here = {
+            "status": query.statuses,
+            "agent_slug": query.agent_slug,
+            "thread": query.thread,
+            "uid": query.uid,
+            "since": query.since,
+            "stuck": query.stuck,
+            "stuck_after": query.stuck_after,
+            "error_type": query.error_type,
+        }
+        for name in (name for name, value in given_here.items() if value):
+            raise BadParameter(
+                name,
+                f"{name} cannot be combined with outcome, attempt_error_type or worker with "
+                "finished (runs by their attempts)",
+            )
+    if query.by_finish:
+        given = {
+            "worker": query.worker,
+            "since": query.since,
+            "stuck": query.stuck,
+            "stuck_after": query.stuck_after,
+        }
+        for name in (name for name, value in given.items() if value):
+            raise BadParameter(
+                name, f"{name} cannot be combined with error_type or finished (runs by finish)"
+            )
     return query

@@ -61,12 +61,14 @@ def make_environment() -> Environment:
     )
     env.filters.update(
         shown=text.shown,
+        lines=text.lines,
         cut=text.cut,
         iso=text.iso,
         json_text=text.json_text,
         seg=segment,
         idseg=run_segment,
         duration=text.duration,
+        seconds=text.seconds,
         state=state_class,
     )
     return env
@@ -109,11 +111,25 @@ def page(
 def error_page(
     env: Environment, request: Request | Scope, status: int, title: str, message: str
 ) -> Response:
+    """An error page. `title` and `message` are escaped and cut here, unless they are already
+    visible text (`text.Shown`, e.g. a message that quotes a request's value cut short)."""
     scope = request.scope if isinstance(request, Request) else request
     return page(
         env,
         scope,
         "error.html",
-        {"title": title, "message": text.shown(message, 2000), "status": status},
+        {
+            "title": _visible(title, ERROR_TITLE_CHARS),
+            "message": _visible(message, ERROR_MESSAGE_CHARS),
+            "status": status,
+        },
         status=status,
     )
+
+
+ERROR_TITLE_CHARS: Final = 200
+ERROR_MESSAGE_CHARS: Final = 2000
+
+
+def _visible(value: str, limit: int) -> text.Shown:
+    return text.cut(value, limit) if isinstance(value, text.Shown) else text.shown(value, limit)

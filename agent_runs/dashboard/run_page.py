@@ -13,18 +13,21 @@ from agent_runs import validation as check
 from agent_runs.dashboard import data
 from agent_runs.dashboard.chart import attempt_timeline
 from agent_runs.dashboard.common import REPLICA_NOTE, NotFound, guarded, settings
-from agent_runs.dashboard.params import only
+from agent_runs.dashboard.params import BadParameter, only, single
 from agent_runs.dashboard.render import page
-from agent_runs.dashboard.text import plain
+from agent_runs.dashboard.text import Shown, plain, shown
 from agent_runs.errors import InvalidArgument
 from agent_runs.explain import explain_run
 from agent_runs.models import AgentRun
 
 DOCUMENTS: Final = ("payload", "manifest", "output", "run")
+TERMINAL: Final = frozenset({"completed", "failed", "cancelled", "interrupted"})
 # Latest attempts shown on a run page (a crash-looping run may hold thousands: the page stays
 # bounded; `agent-runs attempts` lists them all).
 ATTEMPTS_SHOWN: Final = 100
 _JSON: Final = "application/json; charset=utf-8"
+# A run id as echoed on a 404 page (a stored id has at most 64 characters).
+RUN_ID_CHARS: Final = 64
 
 
 def _run_id(request: Request) -> str:
@@ -33,13 +36,17 @@ def _run_id(request: Request) -> str:
         return check.identifier("run_id", run_id)
     except InvalidArgument:
         # Not a storable id, so certainly not a run's (no query needed).
-        raise NotFound(f"no run with id {run_id[:200]}") from None
+        raise NotFound(_no_run(run_id)) from None
 
 
 def _found(run: AgentRun | None, run_id: str) -> AgentRun:
     if run is None:
-        raise NotFound(f"no run with id {run_id}")
+        raise NotFound(_no_run(run_id))
     return run
+
+
+def _no_run(run_id: str) -> Shown:
+    return Shown(f"no run with id {shown(run_id, RUN_ID_CHARS)}")
 
 
 def worker_identity(owner_token: str | None) -> str | None:
@@ -60,7 +67,7 @@ def run_page(request: Request) -> Response:
         attempts = reader.repo.list_run_attempts(run_id)
         parent = reader.repo.get_run(run.created_by_run_id) if run.created_by_run_id else None
         children = data.children(reader, run_id)
-        tree = data.tree(reader, run_id, data.TREE_ON_RUN_PAGE + 1)
+        tree = data.tree(reader, run_id, data.TREE_ON_RUN_PAGE)
         recovery = data.in_recovery(reader)
     last_owner = attempts[-1].worker_id if attempts else run.worker_id
     shown = attempts[-ATTEMPTS_SHOWN:]
@@ -74,15 +81,18 @@ def run_page(request: Request) -> Response:
             "run": run,
             "attempts": shown,
             "earlier_attempts": len(attempts) - len(shown),
-            "live_page": True,
+            # A run in a final state does not change: its page is never refreshed under the
+            # reader (the tree section may, on reload).
+            "live_page": not run.is_terminal,
+            "final_page": run.is_terminal,
             "explanation": explain_run(run, attempts),
             "timeline": attempt_timeline(shown, now),
             "parent": parent,
             "parent_missing": run.created_by_run_id is not None and parent is None,
             "children": children[: data.CHILDREN],
             "more_children": len(children) > data.CHILDREN,
-            "tree": tree[: data.TREE_ON_RUN_PAGE],
-            "more_tree": len(tree) > data.TREE_ON_RUN_PAGE,
+            "tree": tree,
+            "tree_levels": data.TREE_LEVELS,
             "worker": worker_identity(last_owner),
             "can_cancel": config.allow_cancel and not recovery and not run.is_terminal,
             "cancel_note": REPLICA_NOTE if config.allow_cancel and recovery else None,
@@ -92,13 +102,17 @@ def run_page(request: Request) -> Response:
 
 @guarded
 def tree_page(request: Request) -> Response:
-    only(request.query_params, ())
+    """The tree from its root (or 100 levels up), or with `start=here` from the run down."""
+    only(request.query_params, ("start",))
+    start = single(request.query_params, "start")
+    if start not in ("", "root", "here"):
+        raise BadParameter("start", "start must be root (the default) or here")
     config = settings(request)
     run_id = _run_id(request)
     with data.reading(config.pool, config.statement_timeout_seconds) as reader:
         now = reader.now()
         run = _found(reader.repo.get_run(run_id), run_id)
-        tree = data.tree(reader, run_id, data.TREE_PAGE + 1)
+        tree = data.tree(reader, run_id, data.TREE_PAGE, from_run=start == "here")
     return page(
         config.env,
         request.scope,
@@ -107,9 +121,12 @@ def tree_page(request: Request) -> Response:
             "nav": "runs",
             "now": now,
             "run": run,
-            "tree": tree[: data.TREE_PAGE],
-            "more_tree": len(tree) > data.TREE_PAGE,
+            "tree": tree,
+            "live_page": not all(node["status"] in TERMINAL for node in tree.nodes),
+            "final_page": True,
+            "from_run": start == "here",
             "limit": data.TREE_PAGE,
+            "levels": data.TREE_LEVELS,
         },
     )
 
@@ -121,7 +138,8 @@ def document(request: Request) -> Response:
     config = settings(request)
     kind = request.path_params["kind"]
     if kind not in DOCUMENTS:
-        raise NotFound(f"no document {kind[:50]}; try one of {', '.join(DOCUMENTS)}")
+        choices = ", ".join(DOCUMENTS)
+        raise NotFound(Shown(f"no document {shown(kind, 50)}; try one of {choices}"))
     run_id = _run_id(request)
     with data.reading(config.pool, config.statement_timeout_seconds) as reader:
         run = _found(reader.repo.get_run(run_id), run_id)

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from agent_runs.dashboard.demo import LIVE_SLUG, demo_database, live_trickle
 
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from playwright.sync_api import sync_playwright
 
     from agent_runs.dashboard import create_app
+    from agent_runs.dashboard.hosts import served_hosts
     from agent_runs.db import connect, create_pool
     from agent_runs.repository import AgentRunRepository
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         port = _free_port()
         server = uvicorn.Server(
             uvicorn.Config(
-                create_app(pool, allow_cancel=True),
+                create_app(pool, allow_cancel=True, allowed_hosts=served_hosts("127.0.0.1", port)),
                 host="127.0.0.1",
                 port=port,
                 log_level="warning",
@@ -81,9 +82,16 @@ def main(argv: list[str] | None = None) -> int:
             "run": f"/runs/{planner.id}",
             "run-failed": f"/runs/{failed.id}",
             "workers": "/workers",
+            "runs-error-type": "/runs?error_type=tool_error&finished=1d",
             "tree": f"/tree/{planner.id}",
             "cancel-confirm": f"/cancel-tree/{planner.id}",
         }
+        # Other devices: (name, path, viewport, colour scheme).
+        variants: list[tuple[str, str, Any, Any]] = [
+            ("runs-phone", "/runs", {"width": 390, "height": 844}, "light"),
+            ("overview-dark", "/", {"width": 1280, "height": 900}, "dark"),
+            ("run-dark", f"/runs/{failed.id}", {"width": 1280, "height": 900}, "dark"),
+        ]
         try:
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS))
@@ -92,6 +100,13 @@ def main(argv: list[str] | None = None) -> int:
                     page.goto(base + path)
                     page.wait_for_selector("main h1")
                     page.screenshot(path=str(out / f"{name}.png"), full_page=True)
+                    print(f"wrote {out / f'{name}.png'}", flush=True)
+                for name, path, viewport, scheme in variants:
+                    other = browser.new_page(viewport=viewport, color_scheme=scheme)
+                    other.goto(base + path)
+                    other.wait_for_selector("main h1")
+                    other.screenshot(path=str(out / f"{name}.png"), full_page=True)
+                    other.close()
                     print(f"wrote {out / f'{name}.png'}", flush=True)
                 browser.close()
         finally:

@@ -44,6 +44,21 @@ def shown(value: object, limit: int = CELL_CHARS) -> Shown:
     return out
 
 
+def lines(value: object, limit: int = CELL_CHARS) -> Shown:
+    """Like `shown`, but the text keeps its line breaks (a traceback stays a traceback): each
+    line is escaped on its own; CRLF counts as a line break, a lone CR is made visible."""
+    if value is None:
+        return Shown("")
+    text = value if isinstance(value, str) else str(value)
+    head = text[:limit].replace("\r\n", "\n")
+    visible = "\n".join(escape(line) for line in head.split("\n"))
+    if len(text) <= limit:
+        return Shown(visible)
+    out = Shown(f"{visible} … [{len(text) - limit:,} more characters]")
+    out.cut = True
+    return out
+
+
 def cut(text: str, limit: int) -> Shown:
     """Text that is already visible (escaped by its producer, as `explain_run`'s is) cut to
     `limit` characters with a marker; escaping it again would double its backslashes."""
@@ -94,9 +109,18 @@ def ago(value: datetime | None, now: datetime) -> str:
 
 
 def duration(start: datetime | None, end: datetime | None) -> str:
+    """As the CLI prints it: milliseconds under a minute (0.001s), then 3m12s, 5h03m."""
     if start is None or end is None:
         return ""
-    return format_duration(end - start)
+    return seconds(end - start)
+
+
+def seconds(value: timedelta | float) -> str:
+    """A duration with the CLI's precision: 0.001s under a minute, then 3m12s, 5h03m."""
+    delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    if delta < timedelta(minutes=1):
+        return f"{max(0.0, delta.total_seconds()):.3f}s"
+    return format_duration(delta)
 
 
 def plain(value: Any) -> Any:
