@@ -277,11 +277,12 @@ def test_a_thread_stopping_while_it_executes_leaves_the_others_their_runs(
 ) -> None:
     """Scaling down by one thread while it runs a long agent: the threads that go on still
     get new runs at once."""
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
     long_run = new_run(repo, input_payload={"long": True})
 
     def agent(run: AgentRun, ctx: RunContext) -> AgentResult:
         if (run.input_payload or {}).get("long"):
+            started.set()
             assert release.wait(30)  # ignores should_stop, like a long model call
         return AgentResult.completed()
 
@@ -294,7 +295,9 @@ def test_a_thread_stopping_while_it_executes_leaves_the_others_their_runs(
     threads = [threading.Thread(target=worker.run_forever, args=(stop,)) for stop in stops]
     try:
         threads[0].start()
-        wait_until(lambda: status(long_run.id) == RunStatus.RUNNING)
+        # Its agent has started, not only its claim committed: a run claimed and not yet started
+        # when the stop is set goes to the other thread instead, which this test is not about.
+        assert started.wait(10)
         threads[1].start()
         stops[0].set()  # the first thread leaves once its long run is done
         other = new_run(repo)
