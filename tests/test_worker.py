@@ -276,9 +276,11 @@ def test_a_refused_renewal_stops_the_agent_and_the_worker_writes_nothing(
     pool: ConnectionPool, repo: AgentRunRepository, enqueue: Callable[..., AgentRun]
 ) -> None:
     run = enqueue(["wait_cancel"])
+    started = threading.Event()
     reasons: list[str | None] = []
 
     def agent(run: AgentRun, ctx: RunContext) -> AgentResult:
+        started.set()
         while not ctx.wait(5):
             pass
         reasons.append(ctx.stop_reason())
@@ -286,7 +288,9 @@ def test_a_refused_renewal_stops_the_agent_and_the_worker_writes_nothing(
 
     with make_worker(pool, agent) as worker:
         background = Background(worker)
-        wait_until(lambda: status_of(repo, run.id) == RunStatus.RUNNING)
+        # The agent runs, not only the claim committed: a lease lost before the start is
+        # seen there, and the agent is never called.
+        assert started.wait(10)
         # Another process decided the lease is gone: the reconciler, with its clock moved on.
         (converged,) = repo.reconcile_expired_leases(now=datetime.now(UTC) + timedelta(hours=1))
         assert converged.id == run.id

@@ -231,19 +231,35 @@ def test_run_forever_returns_once_the_ends_it_handed_over_are_written(
 
 
 def test_a_thread_whose_stop_is_set_gets_no_more_runs(
-    pool: ConnectionPool, repo: AgentRunRepository, observer: Conn
+    pool: ConnectionPool, repo: AgentRunRepository, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its slot is not claimed for while it is still on its way out: no attempt is spent on a
     run it would only give back."""
+    stop = threading.Event()
+    answered, go_on = threading.Event(), threading.Event()
+    sent_after_stop: list[str] = []
+    single = AgentRunRepository.claim_next_attempt
+
+    def claim(self: AgentRunRepository, **kwargs: Any) -> Any:
+        if stop.is_set():
+            sent_after_stop.append(kwargs["worker_id"])
+        claimed = single(self, **kwargs)
+        if not answered.is_set():  # the first poll found nothing: its answer is held back
+            answered.set()
+            assert go_on.wait(20)
+        return claimed
+
+    monkeypatch.setattr(AgentRunRepository, "claim_next_attempt", claim)
     worker = Worker(pool, _completed, lease_seconds=30, poll_seconds=0.05)
     try:
-        stop = threading.Event()
         thread = threading.Thread(target=worker.run_forever, args=(stop,))
         thread.start()
-        wait_until(lambda: worker.claimer.batches >= 2)  # it polled and found nothing
+        # Stopped between two polls, never during one: a claim already sent when the stop is
+        # set may bring back a run, which is then released (an attempt spent).
+        assert answered.wait(10)
         stop.set()
         run = new_run(repo)  # claimable while the thread is still leaving
-        polled = worker.claimer.batches
+        go_on.set()
         thread.join(10)
         assert not thread.is_alive()
     finally:
@@ -251,7 +267,7 @@ def test_a_thread_whose_stop_is_set_gets_no_more_runs(
     stored = repo.get_run(run.id)
     assert stored is not None and stored.status == RunStatus.PENDING
     assert repo.list_run_attempts(run.id) == []
-    assert worker.claimer.batches == polled
+    assert sent_after_stop == [] and worker.claimer.batches == 1
 
 
 def test_the_claimer_thread_ends_when_no_run_forever_thread_is_left(
@@ -277,11 +293,12 @@ def test_a_thread_stopping_while_it_executes_leaves_the_others_their_runs(
 ) -> None:
     """Scaling down by one thread while it runs a long agent: the threads that go on still
     get new runs at once."""
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
     long_run = new_run(repo, input_payload={"long": True})
 
     def agent(run: AgentRun, ctx: RunContext) -> AgentResult:
         if (run.input_payload or {}).get("long"):
+            started.set()
             assert release.wait(30)  # ignores should_stop, like a long model call
         return AgentResult.completed()
 
@@ -294,7 +311,9 @@ def test_a_thread_stopping_while_it_executes_leaves_the_others_their_runs(
     threads = [threading.Thread(target=worker.run_forever, args=(stop,)) for stop in stops]
     try:
         threads[0].start()
-        wait_until(lambda: status(long_run.id) == RunStatus.RUNNING)
+        # Its agent has started, not only its claim committed: a run claimed and not yet started
+        # when the stop is set goes to the other thread instead, which this test is not about.
+        assert started.wait(10)
         threads[1].start()
         stops[0].set()  # the first thread leaves once its long run is done
         other = new_run(repo)

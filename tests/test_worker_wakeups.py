@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -55,6 +54,12 @@ class Running:
         assert not any(t.is_alive() for t in self.threads)
 
 
+def _wait_for_the_first_poll(worker: Worker) -> None:
+    """The claimer's first statement has answered (nothing): a run created now is claimed only
+    after a wake-up or the poll, whatever the machine's speed."""
+    wait_until(lambda: worker.claimer.batches >= 1)
+
+
 def _listening_worker(pool: ConnectionPool, dsn: str, **kwargs: Any) -> Worker:
     def agent(run: AgentRun, ctx: RunContext) -> AgentResult:
         return AgentResult.completed()
@@ -69,7 +74,7 @@ def test_a_listening_worker_picks_up_new_runs_without_waiting_for_its_poll(
 ) -> None:
     with Running(_listening_worker(pool, dsn)) as running:
         assert wait_until(lambda: running.worker.listening)
-        time.sleep(0.3)  # both claimers have found nothing and wait for a wake-up
+        _wait_for_the_first_poll(running.worker)
         for n in range(3):
             run = repo.create_run(thread_id=f"t{n}", agent_slug="a", uid="u", request_id=f"r{n}")
             assert wait_until(_completion_of(repo, run.id), timeout=5.0)
@@ -80,7 +85,7 @@ def test_a_worker_serving_other_slugs_is_not_woken(
 ) -> None:
     with Running(_listening_worker(pool, dsn, agent_slugs=["b"])) as running:
         assert wait_until(lambda: running.worker.listening)
-        time.sleep(0.3)
+        _wait_for_the_first_poll(running.worker)
         other = repo.create_run(thread_id="t1", agent_slug="a", uid="u", request_id="r1")
         mine = repo.create_run(thread_id="t2", agent_slug="b", uid="u", request_id="r2")
         assert wait_until(lambda: _completed(repo.get_run(mine.id)), timeout=5.0)
