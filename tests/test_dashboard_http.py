@@ -83,7 +83,8 @@ def test_runs_filters_each_narrow_the_list(client: Any, repo: AgentRunRepository
         "since=1h": {a.id, b.id, c.id, d.id},
         "since=2999-01-01T00:00:00Z": set(),
         "stuck=1": set(),
-        "stuck=1&stuck_after=1s&status=": set(),
+        # A minute, not a second: the running run's heartbeat is as old as this test (load).
+        "stuck=1&stuck_after=1m&status=": set(),
         "agent_slug=&thread=&uid=&worker=&since=": {a.id, b.id, c.id, d.id},
     }
     for query, expected in cases.items():
