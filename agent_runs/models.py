@@ -63,6 +63,10 @@ class AgentRun:
     updated_at: datetime
     # W3C traceparent/tracestate of the span that created the run (agent_runs.telemetry).
     trace_context: dict[str, str] | None = None
+    # Claim order: the lowest priority (0-9) first, then the earliest available_at, then id.
+    priority: int = 0
+    # Claimable once available_at <= now; its creation time unless delayed.
+    available_at: datetime | None = None
 
     def __post_init__(self) -> None:
         if type(self.status) is not RunStatus:
@@ -90,6 +94,8 @@ class RunAttempt:
     error_message: str | None
     created_at: datetime
     updated_at: datetime
+    # When the transition that closed it scheduled the next attempt (None: it scheduled none).
+    retry_at: datetime | None = None
 
     def __post_init__(self) -> None:
         if self.outcome is not None:

@@ -61,10 +61,14 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
         run_type: str = "chat",
         created_by_run_id: str | None = None,
         run_id: str | None = None,
+        priority: int = 0,
+        available_at: datetime | None = None,
     ) -> Plan[AgentRun]:
         """Create a pending run; the same request_id again returns the existing run.
 
-        Raises ThreadBusy when another non-terminal run exists on (uid, agent_slug, thread_id).
+        Claims take the lowest priority (0-9) first; the run is claimable from available_at
+        (None: now). Raises ThreadBusy when another non-terminal run exists on
+        (uid, agent_slug, thread_id).
         """
         params = {
             "thread_id": check.identifier("thread_id", thread_id),
@@ -78,6 +82,8 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
             "created_by_run_id": check.optional_identifier("created_by_run_id", created_by_run_id),
             "run_id": new_run_id() if run_id is None else check.identifier("run_id", run_id),
             "trace_context": None,
+            "priority": check.priority(priority),
+            "available_at": check.available_at(available_at),
         }
         if params["created_by_run_id"] is not None and params["created_by_run_id"] == run_id:
             raise InvalidArgument(
@@ -191,9 +197,13 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
         error_type: str | None = None,
         error_message: str | None = None,
         now: datetime | None = None,
+        retry_after_seconds: float | None = None,
     ) -> Plan[bool]:
         """Give a running run back to the queue (pending); the attempt ends retry_released,
-        with the error that made it retry when one is given (the run keeps none)."""
+        with the error that made it retry when one is given (the run keeps none). The run
+        keeps its place, or with retry_after_seconds is claimable from now + that delay (the
+        attempt's retry_at)."""
+        at = check.now(now)
         rows: list[Row] = yield Execute(
             statement("release_lease_for_retry"),
             {
@@ -201,7 +211,8 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
                 "worker_id": check.worker_id(worker_id),
                 "error_type": check.error_type(error_type),
                 "error_message": check.error_message(error_message),
-                "now": check.now(now),
+                "now": at,
+                "retry_after_seconds": check.retry_after_seconds(retry_after_seconds, at),
             },
         )
         if self.telemetry is not None and rows:
