@@ -31,6 +31,7 @@ from agent_runs.ids import new_run_id
 from agent_runs.lean import LeanTransitions
 from agent_runs.models import AgentRun, Claim, RunAttempt, RunStatus, Transition
 from agent_runs.operations import OperatorQueries
+from agent_runs.recovery import RecoveryTransitions
 from agent_runs.rows import attempt_of, run_of
 from agent_runs.steps import Execute, Plan, Transaction, planned
 from agent_runs.transport import Row, Statement, statement
@@ -38,7 +39,9 @@ from agent_runs.transport import Row, Statement, statement
 __all__ = ["LEASE_EXPIRED_MESSAGE", "AgentRunRepository", "new_run_id"]
 
 
-class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDriver):
+class AgentRunRepository(
+    RecoveryTransitions, OperatorQueries, LeanTransitions, RunBatches, SyncDriver
+):
     """The data access object for agent_runs and agent_run_attempts over one psycopg connection.
 
     Every method runs in its own explicit transaction, which becomes a savepoint inside a
@@ -264,7 +267,8 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
     def reconcile_expired_leases(
         self, *, now: datetime | None = None, limit: int = 500
     ) -> Plan[list[AgentRun]]:
-        """Fail every run that lost its owner (at most `limit`); returns them as converged."""
+        """Converge every run that lost its owner (at most `limit`): failed, or pending again
+        when its recovery policy allows another attempt; returns them as converged."""
         params = {
             "now": check.now(now),
             "limit": check.limit(limit),
@@ -289,7 +293,10 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
                 return runs, []
             closed: list[Row] = yield Execute(
                 statement("reconcile_expired_leases.attempts"),
-                {"run_ids": [r.id for r in runs], "finished_ats": [r.finished_at for r in runs]},
+                {
+                    "run_ids": [r.id for r in runs],
+                    "finished_ats": [r.finished_at or r.updated_at for r in runs],
+                },
             )
             return runs, closed
 
@@ -299,6 +306,10 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
         if telemetry is not None and converged:
             attempts = [(r.values[0], r.values[1], r.values[2], r.values[3]) for r in closed]
             telemetry.reconciled(converged, attempts, started_ns)
+            for run in converged:
+                telemetry.instruments.decided(
+                    run.agent_slug, run.status, run.error_type, "lost_lease"
+                )
         return converged
 
     @planned

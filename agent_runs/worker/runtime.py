@@ -118,6 +118,7 @@ class Worker:
             self.repository,
             lease_seconds=self.lease_seconds,
             retry_cap=max(0.2, self.heartbeat_seconds),
+            max_tries=self.max_tries,
         )
         # "async": run_once's ends are written in the background too, and a run_forever slot
         # comes back once its end is handed over, not once it committed.
