@@ -195,7 +195,7 @@ def test_policies_are_set_merged_listed_and_deleted(repo: Repo) -> None:
     ("argument", "call"),
     [
         ("priority", lambda r: new_run(r, priority=10)),
-        ("available_at", lambda r: new_run(r, available_at=datetime(2030, 1, 1))),  # noqa: DTZ001
+        ("available_at", lambda r: new_run(r, available_at=datetime(2030, 1, 1))),
         ("available_at", lambda r: new_run(r, available_at=datetime(1999, 1, 1, tzinfo=UTC))),
         ("backoff_seconds", lambda r: r.set_policy("agent", backoff_seconds=-1)),
         ("backoff_jitter", lambda r: r.set_policy("agent", backoff_jitter=2)),
