@@ -160,6 +160,17 @@ class RecoveryTransitions:
         rows: list[Row] = yield Execute(statement("list_scheduled_runs"), params)
         return [run_of(row) for row in rows]
 
+    @planned
+    def next_available_in(
+        self, *, agent_slugs: list[str] | None = None, now: datetime | None = None
+    ) -> Plan[float | None]:
+        """Seconds until the next run scheduled for later becomes claimable (by the database's
+        clock, or `now`); None when none is scheduled. An idle worker sleeps no longer."""
+        params = {"agent_slugs": check.agent_slugs(agent_slugs), "now": check.now(now)}
+        rows: list[Row] = yield Execute(statement("next_available"), params)
+        seconds = rows[0]["seconds"] if rows else None
+        return None if seconds is None else max(0.0, float(seconds))
+
     # -- policies ------------------------------------------------------------------------
 
     @planned

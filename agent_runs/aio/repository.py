@@ -80,6 +80,7 @@ class AsyncAgentRunRepository(AsyncDriver):
     requeue_run = _coroutine(Sync.requeue_run)
     list_run_requeues = _coroutine(Sync.list_run_requeues)
     list_scheduled_runs = _coroutine(Sync.list_scheduled_runs)
+    next_available_in = _coroutine(Sync.next_available_in)
     set_policy = _coroutine(Sync.set_policy)
     get_policy = _coroutine(Sync.get_policy)
     list_policies = _coroutine(Sync.list_policies)

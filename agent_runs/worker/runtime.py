@@ -311,6 +311,11 @@ class Worker:
         """Claim up to `count` runs in one statement for the claimer (claims.py)."""
         return claims.claim_for_slots(self, count)
 
+    def next_available_in(self) -> float | None:
+        """Seconds until a run of ours scheduled for later becomes claimable (None: none)."""
+        with self.repository() as repo:
+            return repo.next_available_in(agent_slugs=self.agent_slugs)
+
     def with_lease_retry(
         self, lease: Lease, call: Callable[[AgentRunRepository], T], what: str
     ) -> T:
