@@ -58,6 +58,7 @@ def run_page(request: Request) -> Response:
         now = reader.now()
         run = _found(reader.repo.get_run(run_id), run_id)
         attempts = reader.repo.list_run_attempts(run_id)
+        requeues = reader.repo.list_run_requeues(run_id)
         parent = reader.repo.get_run(run.created_by_run_id) if run.created_by_run_id else None
         children = data.children(reader, run_id)
         tree = data.tree(reader, run_id, data.TREE_ON_RUN_PAGE + 1)
@@ -75,7 +76,7 @@ def run_page(request: Request) -> Response:
             "attempts": shown,
             "earlier_attempts": len(attempts) - len(shown),
             "live_page": True,
-            "explanation": explain_run(run, attempts),
+            "explanation": explain_run(run, attempts, requeues),
             "timeline": attempt_timeline(shown, now),
             "parent": parent,
             "parent_missing": run.created_by_run_id is not None and parent is None,
