@@ -81,6 +81,7 @@ SELECT page.id, page.request_id, page.thread_id, page.agent_slug, page.uid, page
        page.manifest_fingerprint, page.manifest_recorded_at, page.started_at, page.finished_at,
        page.created_at, page.updated_at,
        CASE WHEN %(documents)s::boolean THEN page.trace_context END AS trace_context,
+       page.priority, page.available_at,
        (SELECT count(*) FROM agent_run_attempts a WHERE a.run_id = page.id) AS attempt_count,
        (SELECT a.worker_id FROM agent_run_attempts a WHERE a.run_id = page.id
         ORDER BY a.attempt_no DESC LIMIT 1) AS last_worker_id
