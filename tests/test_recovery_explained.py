@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
+from typing import Any
 
+import psycopg
 import pytest
 
 from agent_runs import AgentRunRepository
 from agent_runs.cli.main import main
 from agent_runs.explain import explain_run
+from tests.fix_telemetry import Otel
 from tests.helpers import new_run
 
 
@@ -100,3 +103,28 @@ def test_the_cli_sets_policies_requeues_and_lists_scheduled_runs(
     assert main(["attempts", run_id, "--json", "--dsn", dsn]) == 0
     document = json.loads(capsys.readouterr().out.split("\n", 1)[1])
     assert document["requeues"][0]["previous_status"] == "cancelled"
+
+
+def test_retries_scheduled_and_runs_exhausted_are_counted(
+    conn: psycopg.Connection[Any], otel: Otel, t0: datetime
+) -> None:
+    repo = AgentRunRepository(conn, telemetry=otel.telemetry())
+    repo.set_policy("a", max_attempts=2, max_lost_leases=1)
+    failing, lost = new_run(repo, agent_slug="a"), new_run(repo, agent_slug="a")
+    for n in (1, 2):
+        now = t0 + timedelta(minutes=n)
+        repo.claim_next_attempts(worker_ids=["w:1", "w:2"], lease_seconds=30, now=now)
+        repo.retry_or_fail(failing.id, worker_id=_owner(repo, failing.id), error_type="x", now=now)
+        repo.reconcile_expired_leases(now=now + timedelta(seconds=31))
+    slug = {"messaging.destination.name": "a"}
+    assert otel.total("agent_runs.retry.scheduled", reason="failure", **slug) == 1
+    assert otel.total("agent_runs.retry.scheduled", reason="lost_lease", **slug) == 1
+    assert otel.total("agent_runs.run.exhausted", **{"error.type": "retries_exhausted"}) == 1
+    assert otel.total("agent_runs.run.exhausted", **{"error.type": "lost_leases_exhausted"}) == 1
+    assert repo.get_run(lost.id).error_type == "lost_leases_exhausted"  # type: ignore[union-attr]
+
+
+def _owner(repo: AgentRunRepository, run_id: str) -> str:
+    run = repo.get_run(run_id)
+    assert run is not None and run.worker_id is not None
+    return run.worker_id
