@@ -26,11 +26,12 @@ from agent_runs.dashboard.guard import SESSION_COOKIE, dashboard_root, session_v
 from agent_runs.dashboard.params import only
 from agent_runs.dashboard.render import error_page, page
 from agent_runs.dashboard.run_page import _found, _run_id
+from agent_runs.errors import InvalidArgument, ThreadBusy
 from agent_runs.models import AgentRun
 
 CSRF_SECONDS: Final = 15 * 60
 _MAX_FORM_BYTES: Final = 8192
-ACTIONS: Final = ("cancel", "cancel-tree")
+ACTIONS: Final = ("cancel", "cancel-tree", "requeue")
 
 
 def csrf_token(secret: bytes, action: str, run_id: str, issued: int | None = None) -> str:
@@ -147,7 +148,13 @@ def _perform(request: Request, action: str) -> Response:
         now = writer.now()
         before = _found(writer.repo.get_run(run_id), run_id)
         changed: list[AgentRun]
-        if action == "cancel-tree":
+        if action == "requeue":  # requeue_run's rules; a refusal says why
+            try:
+                requeued = writer.repo.requeue_run(run_id, reason="requeued from the dashboard")
+            except (InvalidArgument, ThreadBusy) as exc:
+                return error_page(config.env, request, 409, "Not requeued", str(exc))
+            changed = [requeued.run] if requeued.changed and requeued.run is not None else []
+        elif action == "cancel-tree":
             changed = writer.repo.request_cancel_tree(run_id)
         else:
             after = writer.repo.request_cancel(run_id)

@@ -27,6 +27,10 @@ ATTEMPTS_SHOWN: Final = 100
 _JSON: Final = "application/json; charset=utf-8"
 
 
+# An ended run an operator may run again (requeue_run's rule; completed runs never).
+_REQUEUABLE = frozenset({"failed", "cancelled", "interrupted"})
+
+
 def _run_id(request: Request) -> str:
     run_id: str = request.path_params["run_id"]
     try:
@@ -86,6 +90,8 @@ def run_page(request: Request) -> Response:
             "more_tree": len(tree) > data.TREE_ON_RUN_PAGE,
             "worker": worker_identity(last_owner),
             "can_cancel": config.allow_cancel and not recovery and not run.is_terminal,
+            "can_requeue": config.allow_cancel and not recovery and run.status in _REQUEUABLE,
+            "requeues": requeues,
             "cancel_note": REPLICA_NOTE if config.allow_cancel and recovery else None,
         },
     )
