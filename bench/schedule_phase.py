@@ -2,7 +2,8 @@
 same backlog with nothing scheduled: a claim never reads runs that are not yet available.
 
 Three databases, each with the same backlog of available runs:
-- `plain`: the backlog at priority 0, nothing scheduled (the baseline);
+- `plain`: the backlog at priority 0, nothing scheduled (the baseline), and as many finished
+  runs as the others have scheduled ones (the same table size: only the schedule differs);
 - `scheduled`: the backlog spread over priorities 0-9, plus `future` runs scheduled an hour
   ahead, spread over the ten priorities;
 - `scheduled_top`: the backlog at priority 9 only, the future runs at 0-8: every claim passes
@@ -34,6 +35,15 @@ SELECT %(tag)s || i, %(tag)s || 'r' || i, %(tag)s || 't' || i, 'agent-0', 'user-
 FROM generate_series(1, %(count)s) AS i
 """
 
+_FINISHED: Final = """
+INSERT INTO agent_runs (id, request_id, thread_id, agent_slug, uid, status, started_at,
+                        finished_at, created_at)
+SELECT 'done' || i, 'done-r' || i, 'done-t' || i, 'agent-0', 'user-0', 'completed',
+       now() - interval '2 hours', now() - interval '2 hours',
+       now() - interval '3 hours' + i * interval '1 millisecond'
+FROM generate_series(1, %(count)s) AS i
+"""
+
 _SHAPES: Final = {
     # name: (backlog priorities (lowest, how many), future priorities (lowest, how many))
     "plain": ((0, 1), None),
@@ -50,7 +60,9 @@ def _seed(url: str, *, backlog: int, future: int, shape: Any) -> None:
             {"tag": "b", "spread": count > 1, "priorities": count, "lowest": low, "ahead": -3600,
              "count": backlog},
         )  # fmt: skip
-        if scheduled is not None:
+        if scheduled is None:
+            conn.execute(_FINISHED, {"count": future})
+        else:
             flow, fcount = scheduled
             conn.execute(
                 _SEED,
