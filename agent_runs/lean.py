@@ -62,7 +62,7 @@ class LeanTransitions:
         now: datetime | None = None,
         agent_slugs: list[str] | None = None,
     ) -> Plan[list[ClaimedRun]]:
-        """claim_next for up to one run per owner token, in one statement: the n-th oldest
+        """claim_next for up to one run per owner token, in one statement: the n-th
         claimable run goes to worker_ids[n], each with claim_next's rules and attempt facts;
         fewer (or none) when fewer are claimable. In claim order."""
         rows = yield from claim(

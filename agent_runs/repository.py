@@ -162,7 +162,8 @@ class AgentRunRepository(
         now: datetime | None = None,
         agent_slugs: list[str] | None = None,
     ) -> Plan[AgentRun | None]:
-        """Claim the oldest claimable run (FIFO by created_at, id), or None when there is none."""
+        """Claim the first available run (lowest priority, then earliest available_at, then id:
+        FIFO among runs nobody delayed or prioritised), or None when there is none."""
         rows = yield from claim(
             "claim_next", next_claim(worker_id, lease_seconds, now, agent_slugs)
         )
