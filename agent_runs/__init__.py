@@ -29,6 +29,7 @@ from agent_runs.operations import (
     WorkerStats,
     runs_cursor,
 )
+from agent_runs.policies import RunPolicy, RunRequeue
 from agent_runs.repository import AgentRunRepository
 
 try:
@@ -53,6 +54,8 @@ __all__ = [
     "QueueNow",
     "RunAttempt",
     "RunListing",
+    "RunPolicy",
+    "RunRequeue",
     "RunStats",
     "RunStatus",
     "RunSummary",

@@ -30,7 +30,13 @@ class ThreadBusy(AgentRunsError):
 
 
 class RetryableError(Exception):
-    """Raised by an agent for a transient failure: the run is released for another attempt."""
+    """Raised by an agent for a transient failure: the run's recovery policy decides whether
+    and when another attempt runs (`retry_after_seconds`: not before this delay, e.g. a
+    provider's Retry-After; capped by the policy's backoff_max_seconds)."""
+
+    def __init__(self, *args: object, retry_after_seconds: float | None = None) -> None:
+        super().__init__(*args)
+        self.retry_after_seconds = retry_after_seconds
 
 
 class LeaseLost(NotLeaseOwner):

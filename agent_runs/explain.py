@@ -15,7 +15,14 @@ from itertools import pairwise
 from typing import Final, NamedTuple
 
 from agent_runs.display import escape
+from agent_runs.explain_policy import (
+    EXHAUSTED_ERRORS,
+    requeued_between,
+    requeues_text,
+    retried_text,
+)
 from agent_runs.models import AgentRun, AttemptOutcome, RunAttempt, RunStatus
+from agent_runs.policies import RunPolicy, RunRequeue
 
 LEGACY: Final = "legacy: no facts recorded"
 LEASE_EXPIRED_ERROR: Final = "worker_lease_expired"
@@ -31,19 +38,35 @@ class Explanation(NamedTuple):
     text: str
 
 
-def explain_run(run: AgentRun, attempts: Sequence[RunAttempt]) -> Explanation:
-    """Explain `run.status` from `attempts` (the run's whole history, any order)."""
+def explain_run(
+    run: AgentRun,
+    attempts: Sequence[RunAttempt],
+    requeues: Sequence[RunRequeue] = (),
+    policy: RunPolicy | None = None,
+) -> Explanation:
+    """Explain `run.status` from `attempts` (the run's whole history, any order) and its
+    `requeues`; `policy` (the agent's current one) only adds "of N" to a scheduled attempt."""
     ordered = sorted(attempts, key=lambda a: a.attempt_no)
-    problem = _shape_problem(run) or _history_problem(run, ordered)
+    requeued = sorted(requeues, key=lambda q: (q.requeued_at, q.id))
+    problem = _shape_problem(run) or _history_problem(run, ordered, requeued)
     if problem is not None:
         return _unexplained(run, problem)
-    if not ordered and run.started_at is not None:
+    if not ordered and run.started_at is not None and not requeued:
         return Explanation(
             True,
             f"{LEGACY} (run is {run.status}; it started {_ts(run.started_at)}, "
             "before attempts were recorded)",
         )
-    return _STATUS_RULES[run.status](run, ordered)
+    if run.status == RunStatus.PENDING and requeued:
+        last_requeue = requeued[-1].requeued_at
+        if not ordered or ordered[-1].finished_at is None or ordered[-1].started_at < last_requeue:
+            return _ok(run, "waiting for its first attempt since its requeue", ordered, requeued)
+    if run.status == RunStatus.PENDING and ordered and ordered[-1].retry_at is not None:
+        return _ok(run, retried_text(ordered, requeued, policy), ordered, requeued)
+    explained = _STATUS_RULES[run.status](run, ordered)
+    if explained.explained and requeued:
+        return Explanation(True, explained.text + requeues_text(requeued))
+    return explained
 
 
 # -- structure: what must hold whatever the status -------------------------------------------
@@ -67,7 +90,9 @@ def _shape_problem(run: AgentRun) -> str | None:
     return None
 
 
-def _history_problem(run: AgentRun, attempts: list[RunAttempt]) -> str | None:
+def _history_problem(
+    run: AgentRun, attempts: list[RunAttempt], requeues: Sequence[RunRequeue] = ()
+) -> str | None:
     numbers = [a.attempt_no for a in attempts]
     if numbers != list(range(1, len(attempts) + 1)):
         return f"attempt numbers are {numbers}, expected 1..{len(attempts)}"
@@ -83,7 +108,7 @@ def _history_problem(run: AgentRun, attempts: list[RunAttempt]) -> str | None:
             return (
                 f"attempt {earlier.attempt_no} is still open but attempt {later.attempt_no} exists"
             )
-        if earlier.outcome not in _REOPENING:
+        if earlier.outcome not in _REOPENING and not requeued_between(requeues, earlier, later):
             return (
                 f"attempt {earlier.attempt_no} ended {earlier.outcome}, "
                 f"yet attempt {later.attempt_no} followed"
@@ -152,6 +177,15 @@ def _failed(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
         return _ok(
             run, f"attempt {last.attempt_no} by {escape(last.worker_id)} failed: {error}", attempts
         )
+    if last.outcome == AttemptOutcome.LEASE_EXPIRED and run.error_type in EXHAUSTED_ERRORS:
+        if last.error_type != run.error_type:
+            return _unexplained(
+                run,
+                f"attempt {last.attempt_no} ended lease_expired with {last.error_type!r} "
+                f"but the run with {run.error_type!r}",
+            )
+        decision = escape((run.error_message or "").split(". ", 1)[0])
+        return _ok(run, f"{decision} ({escape(run.error_type or '')})", attempts)
     if last.outcome == AttemptOutcome.LEASE_EXPIRED:
         if run.error_type != LEASE_EXPIRED_ERROR or last.error_type != LEASE_EXPIRED_ERROR:
             return _unexplained(
@@ -220,7 +254,9 @@ def _pending(run: AgentRun, attempts: list[RunAttempt]) -> Explanation:
     last = attempts[-1]
     if last.outcome != AttemptOutcome.RETRY_RELEASED:
         return _unexplained(
-            run, f"a pending run's last attempt must be retry_released, not {last.outcome}"
+            run,
+            f"a pending run's last attempt must be retry_released (or carry retry_at), "
+            f"not {last.outcome}",
         )
     return _ok(
         run,
@@ -281,10 +317,16 @@ _STATUS_RULES: Final = {
 # -- text ------------------------------------------------------------------------------------
 
 
-def _ok(run: AgentRun, reason: str, attempts: list[RunAttempt]) -> Explanation:
+def _ok(
+    run: AgentRun,
+    reason: str,
+    attempts: list[RunAttempt],
+    requeues: Sequence[RunRequeue] = (),
+) -> Explanation:
     earlier = summarize_attempts(attempts[:-1])
     suffix = f" (earlier: {earlier})" if earlier else ""
-    return Explanation(True, f"{run.status}: {reason}{suffix}{_resumes(attempts)}")
+    said = f"{run.status}: {reason}{suffix}{_resumes(attempts)}{requeues_text(requeues)}"
+    return Explanation(True, said)
 
 
 # How an attempt that another resumed ended, in the resume's sentence.

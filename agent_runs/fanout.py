@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from psycopg import errors as pg_errors
@@ -30,7 +31,14 @@ if TYPE_CHECKING:  # never imported at run time: telemetry off costs no import
     from agent_runs.telemetry import Telemetry
 
 _REQUIRED: Final = ("thread_id", "agent_slug", "uid", "request_id")
-_OPTIONAL: Final = ("input_payload", "run_type", "created_by_run_id", "run_id")
+_OPTIONAL: Final = (
+    "input_payload",
+    "run_type",
+    "created_by_run_id",
+    "run_id",
+    "priority",
+    "available_at",
+)
 _ARGUMENTS: Final = frozenset(_REQUIRED + _OPTIONAL)
 # A refusal the database gives while the cause has moved on (a concurrent creator committed
 # one of our request_ids, the run that made a thread busy ended): the batch is run again.
@@ -48,6 +56,8 @@ class _Item:
     run_type: str
     created_by_run_id: str | None
     input_payload: dict[str, Any]
+    priority: int = 0
+    available_at: datetime | None = None
 
     @property
     def thread(self) -> tuple[str, str, str]:
@@ -81,6 +91,8 @@ def _item(index: int, value: object) -> _Item:
                 "created_by_run_id", value.get("created_by_run_id")
             ),
             input_payload=check.json_object("input_payload", {} if payload is None else payload),
+            priority=check.priority(value.get("priority", 0)),
+            available_at=check.available_at(value.get("available_at")),
         )
     except InvalidArgument as exc:
         raise InvalidArgument(f"items[{index}]: {exc}") from None
@@ -145,6 +157,8 @@ def _params(sent: list[_Item]) -> dict[str, Any]:
         "run_types": [i.run_type for i in sent],
         "created_by_run_ids": [i.created_by_run_id for i in sent],
         "input_payloads": Jsonb([i.input_payload for i in sent]),
+        "priorities": [i.priority for i in sent],
+        "available_ats": [i.available_at for i in sent],
         "trace_contexts": None,  # telemetry off
     }
 

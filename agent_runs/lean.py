@@ -62,9 +62,9 @@ class LeanTransitions:
         now: datetime | None = None,
         agent_slugs: list[str] | None = None,
     ) -> Plan[list[ClaimedRun]]:
-        """claim_next for up to one run per owner token, in one statement: the n-th oldest
+        """claim_next for up to one run per owner token, in one statement: the n-th
         claimable run goes to worker_ids[n], each with claim_next's rules and attempt facts;
-        fewer (or none) when fewer are claimable. In FIFO order."""
+        fewer (or none) when fewer are claimable. In claim order."""
         rows = yield from claim(
             "claim_next_attempts",
             {
@@ -74,7 +74,7 @@ class LeanTransitions:
                 "lost_message": LEASE_EXPIRED_MESSAGE,
             },
         )
-        found = _claimed_in_fifo_order(rows)
+        found = _claimed_in_claim_order(rows)
         if self.telemetry is not None and found:
             yield from claimed(self.telemetry, found)
         return found
@@ -144,7 +144,7 @@ class LeanTransitions:
     ) -> Plan[tuple[dict[str, datetime], list[ClaimedRun]]]:
         """finish_runs, then claim_next_attempts for at most as many runs as it finished, in
         one statement and one commit: a worker's slot goes from its run's end to its next run
-        without a commit in between. (finish_runs' answer, the runs claimed in FIFO order)."""
+        without a commit in between. (finish_runs' answer, the runs claimed in claim order)."""
         run_ids, owners, statuses, error_types, error_messages, outputs = check.finishes(finishes)
         rows = yield from claim(
             "finish_runs_and_claim",
@@ -166,7 +166,7 @@ class LeanTransitions:
             run_id: utc(at)
             for run_id, at in zip(ends["finished_ids"], ends["finished_ats"], strict=True)
         }
-        found = _claimed_in_fifo_order([row for row in rows if row["id"]])
+        found = _claimed_in_claim_order([row for row in rows if row["id"]])
         if self.telemetry is not None:
             _ended(self.telemetry, finishes, finished)
             if found:
@@ -174,10 +174,11 @@ class LeanTransitions:
         return finished, found
 
 
-def _claimed_in_fifo_order(rows: list[Row]) -> list[ClaimedRun]:
-    """The claimed runs of a claim statement's rows, oldest first (created_at, id)."""
+def _claimed_in_claim_order(rows: list[Row]) -> list[ClaimedRun]:
+    """The claimed runs of a claim statement's rows in claim order (priority, available_at,
+    id): oldest first among runs nobody delayed or prioritised."""
     found = [ClaimedRun(run_of(row), int(row["attempt_no"])) for row in rows]
-    found.sort(key=lambda c: (c.run.created_at, c.run.id))
+    found.sort(key=lambda c: (c.run.priority, c.run.available_at or c.run.created_at, c.run.id))
     return found
 
 

@@ -66,6 +66,10 @@ class AgentRun:
     # The run's result: a JSON value written by the transition that completed it (listings
     # leave it None: they never read it).
     output: Any = None
+    # Claim order: the lowest priority (0-9) first, then the earliest available_at, then id.
+    priority: int = 0
+    # Claimable once available_at <= now; its creation time unless delayed.
+    available_at: datetime | None = None
 
     def __post_init__(self) -> None:
         if type(self.status) is not RunStatus:
@@ -96,6 +100,8 @@ class RunAttempt:
     # The checkpoint this attempt resumed an earlier attempt's execution from, and its step.
     resumed_from: str | None = None
     resumed_step: int | None = None
+    # When the transition that closed it scheduled the next attempt (None: it scheduled none).
+    retry_at: datetime | None = None
 
     def __post_init__(self) -> None:
         if self.outcome is not None:

@@ -14,6 +14,7 @@ from typing import Any
 from agent_runs.display import aligned, escape
 from agent_runs.explain import Explanation
 from agent_runs.models import AgentRun, RunAttempt
+from agent_runs.policies import RunRequeue
 
 ATTEMPT_COLUMNS = ("attempt", "owner", "started", "finished", "duration", "outcome", "error")
 ATTEMPT_JSON_FIELDS = (
@@ -26,18 +27,27 @@ ATTEMPT_JSON_FIELDS = (
     "error_message",
     "resumed_from",
     "resumed_step",
+    "retry_at",
 )
 
 
 def history_json(
-    run: AgentRun, attempts: Sequence[RunAttempt], explanation: Explanation
+    run: AgentRun,
+    attempts: Sequence[RunAttempt],
+    explanation: Explanation,
+    requeues: Sequence[RunRequeue] = (),
 ) -> dict[str, Any]:
-    """`{"run": {...}, "attempts": [...], "explanation": "..."}` with JSON-ready values."""
+    """`{"run": {...}, "attempts": [...], "requeues": [...], "explanation": "..."}` with
+    JSON-ready values."""
     return {
         "run": {k: _json_value(v) for k, v in dataclasses.asdict(run).items()},
         "attempts": [
             {field: _json_value(getattr(a, field)) for field in ATTEMPT_JSON_FIELDS}
             for a in attempts
+        ],
+        "requeues": [
+            {k: _json_value(v) for k, v in dataclasses.asdict(q).items() if k != "id"}
+            for q in requeues
         ],
         "explanation": explanation.text,
     }

@@ -31,6 +31,7 @@ from agent_runs.ids import new_run_id
 from agent_runs.lean import LeanTransitions
 from agent_runs.models import AgentRun, Claim, RunAttempt, RunStatus, Transition
 from agent_runs.operations import OperatorQueries
+from agent_runs.recovery import RecoveryTransitions
 from agent_runs.rows import attempt_of, run_of
 from agent_runs.steps import Execute, Plan, Transaction, planned
 from agent_runs.transport import Row, Statement, statement
@@ -38,7 +39,9 @@ from agent_runs.transport import Row, Statement, statement
 __all__ = ["LEASE_EXPIRED_MESSAGE", "AgentRunRepository", "new_run_id"]
 
 
-class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDriver):
+class AgentRunRepository(
+    RecoveryTransitions, OperatorQueries, LeanTransitions, RunBatches, SyncDriver
+):
     """The data access object for agent_runs and agent_run_attempts over one psycopg connection.
 
     Every method runs in its own explicit transaction, which becomes a savepoint inside a
@@ -61,10 +64,14 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
         run_type: str = "chat",
         created_by_run_id: str | None = None,
         run_id: str | None = None,
+        priority: int = 0,
+        available_at: datetime | None = None,
     ) -> Plan[AgentRun]:
         """Create a pending run; the same request_id again returns the existing run.
 
-        Raises ThreadBusy when another non-terminal run exists on (uid, agent_slug, thread_id).
+        Claims take the lowest priority (0-9) first; the run is claimable from available_at
+        (None: now). Raises ThreadBusy when another non-terminal run exists on
+        (uid, agent_slug, thread_id).
         """
         params = {
             "thread_id": check.identifier("thread_id", thread_id),
@@ -78,6 +85,8 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
             "created_by_run_id": check.optional_identifier("created_by_run_id", created_by_run_id),
             "run_id": new_run_id() if run_id is None else check.identifier("run_id", run_id),
             "trace_context": None,
+            "priority": check.priority(priority),
+            "available_at": check.available_at(available_at),
         }
         if params["created_by_run_id"] is not None and params["created_by_run_id"] == run_id:
             raise InvalidArgument(
@@ -153,7 +162,8 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
         now: datetime | None = None,
         agent_slugs: list[str] | None = None,
     ) -> Plan[AgentRun | None]:
-        """Claim the oldest claimable run (FIFO by created_at, id), or None when there is none."""
+        """Claim the first available run (lowest priority, then earliest available_at, then id:
+        FIFO among runs nobody delayed or prioritised), or None when there is none."""
         rows = yield from claim(
             "claim_next", next_claim(worker_id, lease_seconds, now, agent_slugs)
         )
@@ -191,9 +201,13 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
         error_type: str | None = None,
         error_message: str | None = None,
         now: datetime | None = None,
+        retry_after_seconds: float | None = None,
     ) -> Plan[bool]:
         """Give a running run back to the queue (pending); the attempt ends retry_released,
-        with the error that made it retry when one is given (the run keeps none)."""
+        with the error that made it retry when one is given (the run keeps none). The run
+        keeps its place, or with retry_after_seconds is claimable from now + that delay (the
+        attempt's retry_at)."""
+        at = check.now(now)
         rows: list[Row] = yield Execute(
             statement("release_lease_for_retry"),
             {
@@ -201,7 +215,8 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
                 "worker_id": check.worker_id(worker_id),
                 "error_type": check.error_type(error_type),
                 "error_message": check.error_message(error_message),
-                "now": check.now(now),
+                "now": at,
+                "retry_after_seconds": check.retry_after_seconds(retry_after_seconds, at),
             },
         )
         if self.telemetry is not None and rows:
@@ -256,7 +271,8 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
     def reconcile_expired_leases(
         self, *, now: datetime | None = None, limit: int = 500
     ) -> Plan[list[AgentRun]]:
-        """Fail every run that lost its owner (at most `limit`); returns them as converged."""
+        """Converge every run that lost its owner (at most `limit`): failed, or pending again
+        when its recovery policy allows another attempt; returns them as converged."""
         params = {
             "now": check.now(now),
             "limit": check.limit(limit),
@@ -281,7 +297,10 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
                 return runs, []
             closed: list[Row] = yield Execute(
                 statement("reconcile_expired_leases.attempts"),
-                {"run_ids": [r.id for r in runs], "finished_ats": [r.finished_at for r in runs]},
+                {
+                    "run_ids": [r.id for r in runs],
+                    "finished_ats": [r.finished_at or r.updated_at for r in runs],
+                },
             )
             return runs, closed
 
@@ -291,6 +310,10 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
         if telemetry is not None and converged:
             attempts = [(r.values[0], r.values[1], r.values[2], r.values[3]) for r in closed]
             telemetry.reconciled(converged, attempts, started_ns)
+            for run in converged:
+                telemetry.instruments.decided(
+                    run.agent_slug, run.status, run.error_type, "lost_lease"
+                )
         return converged
 
     @planned

@@ -21,6 +21,8 @@ _TIMESTAMPS: Final = frozenset(
         "finished_at",
         "created_at",
         "updated_at",
+        "available_at",
+        "retry_at",
     }
 )
 # Positions of the timestamp fields among each model's fields (made timezone-aware UTC).

@@ -38,6 +38,8 @@ METRIC_ATTRIBUTES: Final[Mapping[str, frozenset[str]]] = {
     "agent_runs.lease.lost": _BASE,
     "agent_runs.reconciler.converged": _BASE,
     "agent_runs.worker.active": _BASE,
+    "agent_runs.retry.scheduled": _BASE | {"reason"},
+    "agent_runs.run.exhausted": _BASE | {ERROR_TYPE},
     "agent_runs.run.count": _BASE | {STATUS},
     "agent_runs.pending.age": _BASE,
 }
@@ -51,11 +53,17 @@ METRIC_ERROR_TYPES: Final = frozenset(
         "agent_exit",
         "retryable_error",
         "retries_exhausted",
+        "lost_leases_exhausted",
+        "deadline_exceeded",
         "worker_lease_expired",
         "failed",
         "interrupted",
         "retry_released",
     }
+)
+# The error types a recovery policy ends a run with (agent_runs.run.exhausted).
+EXHAUSTED_ERROR_TYPES: Final = frozenset(
+    {"retries_exhausted", "lost_leases_exhausted", "deadline_exceeded"}
 )
 OUTCOMES: Final = frozenset(
     {"completed", "failed", "cancelled", "interrupted", "retry_released", "lease_expired"}
@@ -139,6 +147,18 @@ class Instruments:
             unit="{run}",
             description="Runs the reconciler converged to failed / worker_lease_expired.",
         )
+        self.retry_scheduled = meter.create_counter(
+            "agent_runs.retry.scheduled",
+            unit="{retry}",
+            description="Attempts the recovery policy scheduled again, by reason (failure: a "
+            "retryable error; lost_lease: a lease the reconciler found lost).",
+        )
+        self.run_exhausted = meter.create_counter(
+            "agent_runs.run.exhausted",
+            unit="{run}",
+            description="Runs the recovery policy ended failed, by error.type "
+            "(retries_exhausted, lost_leases_exhausted, deadline_exceeded).",
+        )
         self.worker_active = meter.create_up_down_counter(
             "agent_runs.worker.active",
             unit="{attempt}",
@@ -165,6 +185,17 @@ class Instruments:
             known = error_type in METRIC_ERROR_TYPES
             attributes[ERROR_TYPE] = error_type if known else self.error_types(error_type)
         self.attempt_duration.record(max(0.0, seconds), attributes)
+
+    def decided(self, slug: str, status: str, error_type: str | None, reason: str) -> None:
+        """A recovery decision committed: a retry scheduled (status pending) for `reason`
+        (failure / lost_lease), or a run the policy ended (an exhausted error_type)."""
+        attributes = dict(self.base(slug))
+        if status == "pending":
+            attributes["reason"] = reason
+            self.retry_scheduled.add(1, attributes)
+        elif error_type in EXHAUSTED_ERROR_TYPES:
+            attributes[ERROR_TYPE] = error_type
+            self.run_exhausted.add(1, attributes)
 
     def observe_queue(self, meter: metrics.Meter, read: QueueRead) -> QueueGauges:
         return QueueGauges(meter, read, self)

@@ -15,7 +15,7 @@ from typing import Any, Final
 import psycopg
 
 import agent_runs
-from bench import deployment, lean_floor, phases, seed
+from bench import deployment, lean_floor, phases, schedule_phase, seed
 from bench.phases import HeartbeatResult
 from bench.render import render, targets
 from bench.report import log, median, percentile, write_json
@@ -109,6 +109,18 @@ def run(server: BenchServer, settings: Settings) -> dict[str, Any]:
         results["reconcile"] = phases.reconcile_phase(url, expired=settings.expired_leases)
 
     results["claim_scaling"] = claim_scaling(server, settings)
+    backlog, future = (200, 2_000) if settings.quick else (2_000, 100_000)
+    results["schedule"] = schedule_phase.schedule_phase(
+        server, backlog=backlog, future=future, claims=settings.claims_per_rep, reps=settings.reps
+    )
+    log(
+        "schedule: claim p50 with {:,} runs scheduled over 10 priorities = {:.2f} x an empty "
+        "schedule (worst order: {:.2f} x)".format(
+            future,
+            results["schedule"]["ratio_p50_scheduled"],
+            results["schedule"]["ratio_p50_scheduled_top"],
+        )
+    )
     results.update(deployment.run_phases(server, settings.quick))
     return results
 

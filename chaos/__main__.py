@@ -102,6 +102,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="seconds the server stays down (default 1: stop, wait, start); 0: pg_ctl restart",
     )
+    p.add_argument(
+        "--max-lost-leases",
+        type=int,
+        default=2,
+        help="the scripted agent's policy: lost leases retried (default 2; 0: none)",
+    )
+    p.add_argument(
+        "--backoff",
+        type=_nonnegative_float,
+        default=0.5,
+        help="the policy's first back-off delay, seconds (default 0.5; 0: none)",
+    )
     p.add_argument("--keep-logs", action="store_true", help="keep worker logs even on success")
     p.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
     return p
@@ -130,6 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if heartbeat >= args.lease_seconds:
         print("python -m chaos: error: --heartbeat-seconds must be < --lease-seconds", flush=True)
         return 2
+    if args.max_lost_leases < 0:
+        print("python -m chaos: error: --max-lost-leases must be >= 0", flush=True)
+        return 2
     if args.runs < 9 or args.workers < 1 or args.concurrency < 1 or args.max_tries < 1:
         print("python -m chaos: error: need >= 9 runs, >= 1 worker, concurrency and tries")
         return 2
@@ -155,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         restart_downtime=args.restart_downtime,
         keep_logs=args.keep_logs,
         quiet=args.quiet,
+        max_lost_leases=args.max_lost_leases,
+        backoff_seconds=args.backoff,
     )
     plan = make_plan(
         seed,

@@ -237,6 +237,26 @@ def facts_never_rewritten(
     return dict(sorted(bad.items()))
 
 
+# How a policy with a lost-lease allowance may end a run after a lost lease.
+_POLICY_ENDINGS: Final = frozenset(
+    {LEASE_EXPIRED_ERROR, "lost_leases_exhausted", "retries_exhausted", "deadline_exceeded"}
+)
+
+
+def within_policy(state: DbState, *, max_attempts: int, max_lost_leases: int) -> Violations:
+    """No run executed more often than its policy allows: at most max_attempts attempts
+    (none of these runs is requeued) and at most max_lost_leases + 1 lost leases."""
+    bad: Violations = {}
+    for run_id, attempts in state.attempts.items():
+        lost = sum(a.outcome == AttemptOutcome.LEASE_EXPIRED for a in attempts)
+        if len(attempts) > max_attempts or lost > max_lost_leases + 1:
+            bad[run_id] = (
+                f"{len(attempts)} attempts ({lost} lost leases); the policy allows "
+                f"{max_attempts} attempts and {max_lost_leases} lost leases"
+            )
+    return dict(sorted(bad.items()))
+
+
 def history_explains_state(state: DbState) -> Violations:
     """explain_run (what `agent-runs attempts` prints) explains every run's status."""
     bad: Violations = {}
@@ -257,8 +277,12 @@ class Expectation:
     even_if_killed: bool = False  # hang and crash end this way whoever dies
 
 
-def expectation_for(script: Sequence[str], *, max_tries: int) -> Expectation | None:
-    """What a script of ScriptedAgent steps must produce, or None for scripts not judged."""
+def expectation_for(
+    script: Sequence[str], *, max_tries: int, max_lost_leases: int = 0
+) -> Expectation | None:
+    """What a script of ScriptedAgent steps must produce, or None for scripts not judged. With
+    a lost-lease allowance, `hang` and `crash` are poison runs: retried while the policy allows
+    (max_tries attempts), then ended by it."""
     steps = list(script)
     if not steps:
         return None
@@ -277,6 +301,14 @@ def expectation_for(script: Sequence[str], *, max_tries: int) -> Expectation | N
             return Expectation(RunStatus.COMPLETED, attempts=1)
         if step == "wait_cancel":  # cancelled while pending (no attempt) or while running
             return Expectation(RunStatus.CANCELLED)
+        if step in ("hang", "crash") and max_lost_leases:
+            poison = max_lost_leases + 1 <= max_tries
+            return Expectation(
+                RunStatus.FAILED,
+                "lost_leases_exhausted" if poison else "retries_exhausted",
+                attempts=min(max_lost_leases + 1, max_tries),
+                even_if_killed=True,
+            )
         if step in ("hang", "crash"):
             return Expectation(
                 RunStatus.FAILED, LEASE_EXPIRED_ERROR, attempts=1, even_if_killed=True
@@ -294,6 +326,7 @@ def scripted_expectations(
     killed: Iterable[str],
     *,
     max_tries: int = 3,
+    max_lost_leases: int = 0,
 ) -> Violations:
     """A run whose script is all `ok` completed, unless it was in flight on a worker process
     that died (SIGKILL or a scripted crash): then it is failed / worker_lease_expired and its
@@ -304,7 +337,7 @@ def scripted_expectations(
     killed_ids = set(killed)
     bad: Violations = {}
     for run_id, script in scripts.items():
-        expected = expectation_for(script, max_tries=max_tries)
+        expected = expectation_for(script, max_tries=max_tries, max_lost_leases=max_lost_leases)
         if expected is None:
             continue
         run = state.runs.get(run_id)
@@ -317,10 +350,28 @@ def scripted_expectations(
             f"{run.status} ({run.error_type}) after {len(attempts)} attempt(s), last "
             f"{last.outcome if last else None}"
         )
+        lost = any(a.outcome == AttemptOutcome.LEASE_EXPIRED for a in attempts)
+        if max_lost_leases and not expected.even_if_killed and (run_id in killed_ids or lost):
+            # A lost lease the policy retried: the script's ending, after more attempts; or the
+            # policy ended it after a lease it lost.
+            if run.status == expected.status and (
+                expected.error_type is None or run.error_type == expected.error_type
+            ):
+                continue
+            if (
+                run.status == RunStatus.FAILED
+                and run.error_type in _POLICY_ENDINGS
+                and last is not None
+                and last.outcome == AttemptOutcome.LEASE_EXPIRED
+            ):
+                continue
+            bad[run_id] = f"script {list(script)} lost a lease and ended {got}"
+            continue
         if run_id in killed_ids or expected.even_if_killed:
             if (
                 run.status == RunStatus.FAILED
-                and run.error_type == LEASE_EXPIRED_ERROR
+                and run.error_type
+                == (expected.error_type if expected.even_if_killed else LEASE_EXPIRED_ERROR)
                 and last is not None
                 and last.outcome == AttemptOutcome.LEASE_EXPIRED
             ):

@@ -27,3 +27,6 @@ class Options:
     restart_downtime: float
     keep_logs: bool
     quiet: bool
+    # The scripted agent's recovery policy: lost leases tolerated, first back-off delay.
+    max_lost_leases: int = 0
+    backoff_seconds: float = 0.0

@@ -295,6 +295,22 @@ def _create_database(server: EmbeddedServer) -> str:
     return url
 
 
+def _set_policy(dsn: str, options: Options) -> None:
+    """The scripted agent's recovery policy: max_tries attempts, the lost-lease allowance and
+    back-off of the options (none at all when both are 0: the built-in policy)."""
+    if not options.max_lost_leases and not options.backoff_seconds:
+        return
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        AgentRunRepository(conn).set_policy(
+            AGENT_SLUG,
+            max_attempts=options.max_tries,
+            max_lost_leases=options.max_lost_leases,
+            backoff_seconds=options.backoff_seconds,
+            backoff_max_seconds=options.backoff_seconds * 8,
+            backoff_jitter=0.2,
+        )
+
+
 def run_chaos(options: Options, plan: Plan) -> Summary:
     """Start an embedded server, run the suite on it, check; always stop everything started."""
     started = time.monotonic()
@@ -305,6 +321,7 @@ def run_chaos(options: Options, plan: Plan) -> Summary:
             suite: Suite | None = None
             try:
                 dsn = _create_database(server)
+                _set_policy(dsn, options)
                 print(
                     f"chaos: embedded PostgreSQL at {server.pgdata} (started by this suite), "
                     f"database {DATABASE}; logs in {log_dir}",

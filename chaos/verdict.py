@@ -84,7 +84,10 @@ class Verdict:
         judged = sum(
             1
             for r in self.enqueued.values()
-            if inv.expectation_for(r.script, max_tries=self.o.max_tries) is not None
+            if inv.expectation_for(
+                r.script, max_tries=self.o.max_tries, max_lost_leases=self.o.max_lost_leases
+            )
+            is not None
         )
         results = [
             InvariantResult(
@@ -111,7 +114,22 @@ class Verdict:
                 "scripted expectations",
                 f"{judged} runs ({all_ok} all-ok, {all_ok_killed} of them killed; "
                 f"{len(killed)} runs killed in all)",
-                inv.scripted_expectations(state, scripts, killed, max_tries=self.o.max_tries),
+                inv.scripted_expectations(
+                    state,
+                    scripts,
+                    killed,
+                    max_tries=self.o.max_tries,
+                    max_lost_leases=self.o.max_lost_leases,
+                ),
+            ),
+            InvariantResult(
+                "within the policy",
+                f"{self.o.max_tries} attempts, {self.o.max_lost_leases} lost leases allowed",
+                inv.within_policy(
+                    state,
+                    max_attempts=self.o.max_tries,
+                    max_lost_leases=self.o.max_lost_leases,
+                ),
             ),
         ]
         return results, state

@@ -1,5 +1,6 @@
--- claim_next: the initial claim of mark_running, on the oldest claimable run.
--- from: pending | ownerless cancel_requested, by (created_at, id), of agent_slugs if given
+-- claim_next: the initial claim of mark_running, on the first claimable run.
+-- from: pending | ownerless cancel_requested with available_at <= now, by (priority,
+--       available_at, id), of agent_slugs if given
 -- to:   pending -> running, owned, leased; any open attempt -> lease_expired; attempt max + 1
 -- returns: the run as it is now and the attempt_no it opened, no row when nothing is claimable
 -- notes: sql/README.md (clock, CASE not IN, data-modifying CTEs, lock order)
@@ -7,15 +8,24 @@ WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
 candidate AS (
-    -- Read in ix_agent_runs_claimable order: no sort of the backlog.
-    SELECT r.id
-    FROM agent_runs r
-    WHERE (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
-      AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
-               ELSE r.agent_slug = ANY (%(agent_slugs)s::text[]) END
-    ORDER BY r.created_at, r.id
+    -- One priority after the other, each read in ix_agent_runs_claimable order up to now: runs
+    -- scheduled for later are never read, the backlog is never sorted.
+    SELECT c.id
+    FROM (VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9)) AS p (priority)
+    CROSS JOIN LATERAL (
+        SELECT r.id
+        FROM agent_runs r
+        WHERE r.priority = p.priority
+          -- available by the given clock or the database's, whichever is later
+          AND r.available_at <= (SELECT greatest(now, now()) FROM clock)
+          AND (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
+          AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
+                   ELSE r.agent_slug = ANY (%(agent_slugs)s::text[]) END
+        ORDER BY r.available_at, r.id
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    ) AS c
     LIMIT 1
-    FOR UPDATE SKIP LOCKED
 ),
 lease AS (
     SELECT candidate.id, clock.now,

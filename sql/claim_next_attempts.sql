@@ -1,26 +1,36 @@
 -- claim_next_attempts: claim_next for up to one run per worker_id, in one statement.
--- from: as claim_next; the oldest claimable runs not locked by another claimer, at most one each
--- to:   as claim_next for each run; the n-th oldest run goes to the n-th worker_id
+-- from: as claim_next; the first claimable runs not locked by another claimer, at most one each
+-- to:   as claim_next for each run; the n-th run in claim order goes to the n-th worker_id
 -- returns: each run claimed as it is now, with the attempt_no it opened; no row when none
 -- notes: sql/README.md (clock, CASE not IN, data-modifying CTEs, lock order)
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
 candidate AS (
-    -- Read in ix_agent_runs_claimable order: no sort of the backlog.
-    SELECT r.id, r.created_at
-    FROM agent_runs r
-    WHERE (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
-      AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
-               ELSE r.agent_slug = ANY (%(agent_slugs)s::text[]) END
-    ORDER BY r.created_at, r.id
+    -- One priority after the other, each read in ix_agent_runs_claimable order up to now: runs
+    -- scheduled for later are never read, the backlog is never sorted.
+    SELECT c.id, c.priority, c.available_at
+    FROM (VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9)) AS p (priority)
+    CROSS JOIN LATERAL (
+        SELECT r.id, r.priority, r.available_at
+        FROM agent_runs r
+        WHERE r.priority = p.priority
+          -- available by the given clock or the database's, whichever is later
+          AND r.available_at <= (SELECT greatest(now, now()) FROM clock)
+          AND (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
+          AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
+                   ELSE r.agent_slug = ANY (%(agent_slugs)s::text[]) END
+        ORDER BY r.available_at, r.id
+        LIMIT cardinality(%(worker_ids)s::text[])
+        FOR UPDATE SKIP LOCKED
+    ) AS c
     LIMIT cardinality(%(worker_ids)s::text[])
-    FOR UPDATE SKIP LOCKED
 ),
 lease AS (
     SELECT c.id, owner.worker_id, clock.now,
            clock.now + make_interval(secs => %(lease_seconds)s::float8) AS expires_at
-    FROM (SELECT id, row_number() OVER (ORDER BY created_at, id) AS n FROM candidate) AS c
+    FROM (SELECT id, row_number() OVER (ORDER BY priority, available_at, id) AS n
+          FROM candidate) AS c
     JOIN unnest(%(worker_ids)s::text[]) WITH ORDINALITY AS owner (worker_id, n) USING (n)
     CROSS JOIN clock
 ),

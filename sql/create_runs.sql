@@ -1,6 +1,7 @@
 -- create_runs: insert many new runs in one statement, each idempotent on its request_id.
 -- from: per item, no run with its request_id (else nothing is inserted for it)
--- to:   pending runs, no lease, no attempt; one agent_runs_claimable per agent_slug created
+-- to:   pending runs, no lease, no attempt, available_at now unless given; one
+--       agent_runs_claimable per agent_slug created
 -- returns: each new run (is_new), then each run whose request_id existed before this statement
 -- notes: sql/README.md (data-modifying CTEs, wake-ups); a request_id committed by a concurrent
 --        creator after this statement's snapshot is in neither part: create_runs.existing
@@ -13,9 +14,11 @@ items AS (
     FROM unnest((SELECT %(run_ids)s::text[]), (SELECT request_ids FROM batch),
                 (SELECT %(thread_ids)s::text[]), (SELECT %(agent_slugs)s::text[]),
                 (SELECT %(uids)s::text[]), (SELECT %(run_types)s::text[]),
-                (SELECT %(created_by_run_ids)s::text[]))
+                (SELECT %(created_by_run_ids)s::text[]), (SELECT %(priorities)s::smallint[]),
+                (SELECT %(available_ats)s::timestamptz[]))
          WITH ORDINALITY
-         AS i (id, request_id, thread_id, agent_slug, uid, run_type, created_by_run_id, ord)
+         AS i (id, request_id, thread_id, agent_slug, uid, run_type, created_by_run_id,
+               priority, available_at, ord)
     JOIN jsonb_array_elements((SELECT %(input_payloads)s::jsonb)) WITH ORDINALITY
          AS p (input_payload, ord) ON p.ord = i.ord
     -- Each item's trace context: no array without telemetry, a JSON null without a valid span.
@@ -27,10 +30,10 @@ created AS (
     -- end of the statement, when every row of it is in.
     INSERT INTO agent_runs (
         id, request_id, thread_id, agent_slug, uid, run_type, created_by_run_id, input_payload,
-        trace_context
+        trace_context, priority, available_at
     )
     SELECT id, request_id, thread_id, agent_slug, uid, run_type, created_by_run_id, input_payload,
-           trace_context
+           trace_context, priority, coalesce(available_at, now())
     FROM items
     -- In request_id order: two batches sharing requests wait for each other's uncommitted
     -- request_ids in one order, never in a cycle.

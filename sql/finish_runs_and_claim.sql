@@ -64,19 +64,28 @@ candidate AS (
     -- claim_next_attempts' claim from here on, for no more slots than runs finished above (a
     -- refused end keeps its slot until it is written alone). The finished runs were running:
     -- never candidates, so the two halves touch different rows.
-    SELECT r.id, r.created_at
-    FROM agent_runs r
-    WHERE (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
-      AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
-               ELSE r.agent_slug = ANY (%(agent_slugs)s::text[]) END
-    ORDER BY r.created_at, r.id
+    SELECT c.id, c.priority, c.available_at
+    FROM (VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9)) AS p (priority)
+    CROSS JOIN LATERAL (
+        SELECT r.id, r.priority, r.available_at
+        FROM agent_runs r
+        WHERE r.priority = p.priority
+          -- available by the given clock or the database's, whichever is later
+          AND r.available_at <= (SELECT greatest(now, now()) FROM clock)
+          AND (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
+          AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
+                   ELSE r.agent_slug = ANY (%(agent_slugs)s::text[]) END
+        ORDER BY r.available_at, r.id
+        LIMIT least(cardinality(%(worker_ids)s::text[]), (SELECT count(*) FROM finished))
+        FOR UPDATE SKIP LOCKED
+    ) AS c
     LIMIT least(cardinality(%(worker_ids)s::text[]), (SELECT count(*) FROM finished))
-    FOR UPDATE SKIP LOCKED
 ),
 lease AS (
     SELECT c.id, owner.worker_id, clock.now,
            clock.now + make_interval(secs => %(lease_seconds)s::float8) AS expires_at
-    FROM (SELECT id, row_number() OVER (ORDER BY created_at, id) AS n FROM candidate) AS c
+    FROM (SELECT id, row_number() OVER (ORDER BY priority, available_at, id) AS n
+          FROM candidate) AS c
     JOIN unnest(%(worker_ids)s::text[]) WITH ORDINALITY AS owner (worker_id, n) USING (n)
     CROSS JOIN clock
 ),

@@ -81,6 +81,7 @@ SELECT page.id, page.request_id, page.thread_id, page.agent_slug, page.uid, page
        page.manifest_fingerprint, page.manifest_recorded_at, page.started_at, page.finished_at,
        page.created_at, page.updated_at,
        CASE WHEN %(documents)s::boolean THEN page.trace_context END AS trace_context,
+       page.priority, page.available_at,
        -- a listing never reads a run's result
        NULL::jsonb AS output,
        (SELECT count(*) FROM agent_run_attempts a WHERE a.run_id = page.id) AS attempt_count,

@@ -1,38 +1,114 @@
 -- reconcile_expired_leases: converge the runs reconcile_expired_leases.lock locked.
 -- from: those run ids, still running | cancel_requested
--- to:   failed / worker_lease_expired (at-least-once message), lease cleared; every open
---       attempt -> lease_expired; wakes agent_runs_finished for each run someone waits for
+-- to:   a running run its policy retries (lost leases <= max_lost_leases, attempts in budget
+--       < max_attempts, deadline not passed): pending, available_at = now + delay (kept when
+--       0); else failed / worker_lease_expired (no lost lease allowed: the at-least-once
+--       message), lost_leases_exhausted, retries_exhausted or deadline_exceeded; lease
+--       cleared; every open attempt -> lease_expired (retry_at when retried); wakes
+--       agent_runs_claimable (retried) or agent_runs_finished (for a run someone waits for)
 -- returns: the converged runs as they are now, by id
--- notes: sql/README.md (clock, CASE not IN, data-modifying CTEs, lock order, wake-ups)
+-- notes: sql/README.md (clock, CASE not IN, data-modifying CTEs, lock order, wake-ups, policies)
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
+facts AS (
+    -- Per run: its policy (the slug's row, else '*', else built-in) and its attempts in budget
+    -- (started at or after the latest requeue; the lost one included) and lost leases among them.
+    SELECT r.id, r.status,
+           coalesce(p.max_attempts, 3) AS max_attempts,
+           coalesce(p.max_lost_leases, 0) AS max_lost_leases,
+           coalesce(p.backoff_seconds, 0) AS backoff_seconds,
+           coalesce(p.backoff_max_seconds, 3600) AS backoff_max_seconds,
+           coalesce(p.backoff_jitter, 0.2) AS backoff_jitter,
+           p.deadline_seconds,
+           greatest(b.n, 1) AS n, b.lost + 1 AS lost, b.first_no, b.last_no,
+           clock.now > r.created_at + make_interval(secs => p.deadline_seconds) AS late
+    FROM agent_runs r
+    CROSS JOIN clock
+    LEFT JOIN LATERAL (
+        SELECT * FROM agent_run_policies p
+        WHERE p.agent_slug = r.agent_slug OR p.agent_slug = '*'
+        ORDER BY p.agent_slug = '*'
+        LIMIT 1
+    ) AS p ON true
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n,
+               count(*) FILTER (WHERE a.outcome = 'lease_expired') AS lost,
+               min(a.attempt_no) FILTER (WHERE a.outcome = 'lease_expired' OR a.finished_at IS NULL)
+                   AS first_no,
+               max(a.attempt_no) AS last_no
+        FROM agent_run_attempts a
+        WHERE a.run_id = r.id
+          AND a.started_at >= coalesce(
+              (SELECT max(q.requeued_at) FROM agent_run_requeues q WHERE q.run_id = r.id),
+              '-infinity')
+    ) AS b
+    WHERE r.id = ANY (%(run_ids)s::text[])
+),
+decision AS (
+    SELECT f.id,
+           CASE WHEN f.status = 'cancel_requested' OR f.max_lost_leases = 0
+                    THEN 'worker_lease_expired'
+                WHEN f.lost > f.max_lost_leases THEN 'lost_leases_exhausted'
+                WHEN f.n >= f.max_attempts THEN 'retries_exhausted'
+                WHEN f.late THEN 'deadline_exceeded'
+           END AS exhausted,
+           CASE f.status WHEN 'running' THEN
+               least(f.backoff_max_seconds,
+                     f.backoff_seconds * power(2::float8, least(f.n - 1, 60)))
+               * (1 - f.backoff_jitter * random())
+           END AS delay,
+           f.n, f.lost, f.first_no, f.last_no, f.max_attempts, f.max_lost_leases,
+           f.deadline_seconds
+    FROM facts f
+),
 converged AS (
     UPDATE agent_runs r
-    SET (status, error_type, error_message) =
-        ('failed', 'worker_lease_expired', %(lost_message)s::text),
+    SET status = CASE WHEN d.exhausted IS NULL THEN 'pending' ELSE 'failed' END,
+        error_type = d.exhausted,
+        error_message = CASE d.exhausted
+            WHEN 'worker_lease_expired' THEN %(lost_message)s::text
+            WHEN 'lost_leases_exhausted' THEN
+                'lost its lease ' || d.lost || ' times (attempts ' || d.first_no || '–'
+                || d.last_no || '); the policy allows ' || d.max_lost_leases || '. '
+                || %(lost_message)s::text
+            WHEN 'retries_exhausted' THEN
+                'attempt ' || d.n || ' of ' || d.max_attempts || ' lost its lease. '
+                || %(lost_message)s::text
+            WHEN 'deadline_exceeded' THEN
+                'attempt ' || d.n || ' lost its lease after the deadline ('
+                || d.deadline_seconds || ' s after creation) passed. ' || %(lost_message)s::text
+            END,
         (worker_id, heartbeat_at, lease_expires_at) = (NULL, NULL, NULL),
-        finished_at = clock.now,
+        finished_at = CASE WHEN d.exhausted IS NULL THEN NULL ELSE clock.now END,
+        available_at = CASE WHEN d.exhausted IS NULL AND d.delay > 0
+                            THEN clock.now + make_interval(secs => d.delay)
+                            ELSE r.available_at END,
         updated_at = clock.now
-    FROM clock
-    WHERE r.id = ANY (%(run_ids)s::text[])
+    FROM decision d, clock
+    WHERE r.id = ANY (%(run_ids)s::text[]) AND r.id = d.id
       AND CASE r.status WHEN 'running' THEN true WHEN 'cancel_requested' THEN true END
     RETURNING r.*
 ),
 attempts AS (
     UPDATE agent_run_attempts a
-    SET (finished_at, updated_at, outcome, error_type, error_message) =
-        (converged.finished_at, converged.finished_at, 'lease_expired', converged.error_type,
-         converged.error_message)
+    SET (finished_at, updated_at, outcome) =
+        (converged.updated_at, converged.updated_at, 'lease_expired'),
+        error_type = coalesce(converged.error_type, 'worker_lease_expired'),
+        error_message = coalesce(converged.error_message, %(lost_message)s::text),
+        retry_at = CASE converged.status WHEN 'pending' THEN converged.available_at END
     FROM converged
     WHERE a.run_id = ANY (%(run_ids)s::text[]) AND a.run_id = converged.id
       AND a.finished_at IS NULL
     RETURNING a.id
 ),
 notified AS (
-    SELECT pg_notify('agent_runs_finished', converged.id) FROM converged
-    WHERE agent_run_waiters_take(converged.id)
+    SELECT CASE converged.status
+               WHEN 'pending' THEN pg_notify('agent_runs_claimable', converged.agent_slug)
+               ELSE pg_notify('agent_runs_finished', converged.id) END
+    FROM converged
+    WHERE converged.status = 'pending' OR agent_run_waiters_take(converged.id)
 )
 SELECT converged.* FROM converged
-WHERE (SELECT count(*) FROM notified) >= 0
+WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM attempts) >= 0
 ORDER BY converged.id

@@ -35,7 +35,7 @@ Conn = psycopg.Connection[Any]
 
 def _comparable(state: Any) -> tuple[Any, list[Any]]:
     """A run and its attempts without what differs between two equal histories."""
-    drop_run = {"id", "request_id", "thread_id", "agent_slug", "created_at"}
+    drop_run = {"id", "request_id", "thread_id", "agent_slug", "created_at", "available_at"}
     drop_attempt = {"id", "run_id"}
     run = {k: v for k, v in state.run.items() if k not in drop_run}
     attempts = [{k: v for k, v in a.items() if k not in drop_attempt} for a in state.attempts]

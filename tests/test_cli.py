@@ -234,7 +234,8 @@ def test_attempts_json_has_the_documented_shape(
     code, out, _ = run_cli(capsys, "attempts", finished_run_id, "--json", "--dsn", dsn)
     assert code == 0
     data = json.loads(out)
-    assert set(data) == {"run", "attempts", "explanation"}
+    assert set(data) == {"run", "attempts", "requeues", "explanation"}
+    assert data["requeues"] == []
     assert data["run"]["id"] == finished_run_id
     assert data["run"]["status"] == "completed"
     assert data["run"]["input_payload"] == {"script": ["retry", "ok"]}

@@ -258,3 +258,24 @@ def test_hostile_strings_render_as_visible_text(
     assert explanation.endswith("e: \\u202eevil\\\\x")
     head = cancel_client.get(f"/runs/{other.id}").text.split('class="explanation">', 1)[1]
     assert head.split("</span>", 1)[0] == html_escape(explanation, quote=True)
+
+
+def test_requeue_sits_beside_cancel_under_the_same_rules(
+    cancel_client: Any, repo: AgentRunRepository
+) -> None:
+    run = new_run(repo)
+    repo.set_terminal_status(run.id, status="failed", error_type="tool_error")
+    page = cancel_client.get(f"/runs/{run.id}")
+    assert f'href="/requeue/{run.id}"' in page.text
+    confirm = cancel_client.get(f"/requeue/{run.id}")
+    assert confirm.status_code == 200 and "Requeue this run?" in confirm.text
+    token = _csrf(confirm.text)
+    refused = cancel_client.post(f"/requeue/{run.id}", data={"csrf": token})  # no Origin
+    assert refused.status_code == 403
+    assert repo.get_run(run.id).status == "failed"  # type: ignore[union-attr]
+    done = cancel_client.post(f"/requeue/{run.id}", data={"csrf": token}, headers=ORIGIN)
+    assert done.status_code == 200 and "Requeued" in done.text
+    assert repo.get_run(run.id).status == "pending"  # type: ignore[union-attr]
+    assert "requeued at" in cancel_client.get(f"/runs/{run.id}").text
+    again = cancel_client.post(f"/requeue/{run.id}", data={"csrf": token}, headers=ORIGIN)
+    assert again.status_code == 200 and "Nothing changed" in again.text

@@ -30,9 +30,18 @@ ALL = [
     "0010_trace_context",
     "0011_run_waiters",
     "0012_compact_time_checks",
+    "0013_schedule_and_priority",
+    "0014_requeues_and_policies",
     "0015_run_output_and_resumed_from",
 ]
 AFTER_0001 = ALL[1:]
+APP_TABLES = {
+    "agent_runs",
+    "agent_run_attempts",
+    "agent_run_waiters",
+    "agent_run_requeues",
+    "agent_run_policies",
+}
 AFTER_0002 = ALL[2:]
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -96,7 +105,7 @@ def test_every_migration_has_a_rollback_file() -> None:
 def test_migrations_apply_to_an_empty_database(blank_dsn: str) -> None:
     assert relations(blank_dsn) == set()
     assert apply_migrations(blank_dsn) == ALL
-    assert relations(blank_dsn) == {"agent_runs", "agent_run_attempts", "agent_run_waiters"}
+    assert relations(blank_dsn) == APP_TABLES
     items = schema(blank_dsn)
     assert any(item.startswith("trigger ") for item in items)
     assert any("uq_agent_run_attempts_run_attempt_no" in item for item in items)
@@ -222,6 +231,8 @@ def test_0002_on_a_database_with_legacy_runs_back_fills_nothing(legacy_dsn: str)
     after = _runs(legacy_dsn)
     assert all(run.pop("trace_context") is None for run in after)  # 0010 adds it, NULL
     assert all(run.pop("output") is None for run in after)  # 0015 adds it, NULL
+    assert all(run.pop("priority") == 0 for run in after)  # 0013 adds them: priority 0,
+    assert all(run.pop("available_at") == run["created_at"] for run in after)  # creation time
     assert after == before
     with agent_runs.connect(legacy_dsn) as conn:
         repo = AgentRunRepository(conn)
@@ -262,7 +273,7 @@ def test_a_key_value_dsn_becomes_a_url_that_migrations_accept(blank_dsn: str) ->
     assert url.startswith("postgresql://")
     assert conninfo_to_dict(url) == conninfo_to_dict(blank_dsn)
     assert apply_migrations(url) == ALL
-    assert relations(blank_dsn) == {"agent_runs", "agent_run_attempts", "agent_run_waiters"}
+    assert relations(blank_dsn) == APP_TABLES
 
 
 def _bounds_objects(url: str) -> list[str]:
@@ -419,8 +430,7 @@ def test_0012_refuses_exactly_what_0003s_time_window_refused_and_rolls_back_exac
 ) -> None:
     newer = ALL[ALL.index("0012_compact_time_checks") + 1 :]
     apply_migrations(blank_dsn)
-    if newer:
-        assert rollback_migrations(blank_dsn, count=len(newer)) == newer[::-1]
+    assert sorted(rollback_migrations(blank_dsn, count=len(newer))) == newer
     compact, compact_schema = _window_refusals(blank_dsn), schema(blank_dsn)
     assert rollback_migrations(blank_dsn, count=1) == ["0012_compact_time_checks"]
     verbose = _window_refusals(blank_dsn)
@@ -435,8 +445,7 @@ def test_0012_refuses_exactly_what_0003s_time_window_refused_and_rolls_back_exac
     rolled_back = schema(blank_dsn)
     assert rollback_migrations(blank_dsn, count=1) == ["0011_run_waiters"]
     assert apply_migrations(blank_dsn) == ["0011_run_waiters", "0012_compact_time_checks", *newer]
-    if newer:
-        assert rollback_migrations(blank_dsn, count=len(newer)) == newer[::-1]
+    assert sorted(rollback_migrations(blank_dsn, count=len(newer))) == newer
     assert schema(blank_dsn) == compact_schema
     assert rollback_migrations(blank_dsn, count=1) == ["0012_compact_time_checks"]
     assert schema(blank_dsn) == rolled_back

@@ -96,9 +96,13 @@ def test_agent_runs_has_the_specified_columns_and_types(observer: Conn) -> None:
         "created_at",
         "updated_at",
         "trace_context",  # 0010, agent_runs.telemetry
+        "priority",  # 0013, the claim order
+        "available_at",
         "output",  # 0015, the run's result
     }
     assert columns["trace_context"] == ("jsonb", True)
+    assert columns["priority"] == ("smallint", False)
+    assert columns["available_at"] == ("timestamp with time zone", False)
     assert columns["output"] == ("jsonb", True)
     for name in TIMESTAMP_COLUMNS["agent_runs"]:
         assert columns[name][0] == "timestamp with time zone", name
@@ -244,6 +248,7 @@ def test_agent_run_attempts_has_the_specified_columns_and_types(observer: Conn) 
         "error_message",
         "created_at",
         "updated_at",
+        "retry_at",  # 0013, the recovery policy's decision
         "resumed_from",  # 0015, a checkpointed execution's resume point
         "resumed_step",
     }
@@ -507,11 +512,10 @@ def test_tables_leave_free_space_in_pages_for_hot_updates(observer: Conn, table:
     assert 50 <= int(options.get("fillfactor", "100")) < 100, options
 
 
-def test_claim_index_matches_the_oldest_claimable_first_order(observer: Conn) -> None:
+def test_claim_index_matches_the_claim_order(observer: Conn) -> None:
     definitions = _index_definitions(observer, "agent_runs")
-    claimable = [d for d in definitions.values() if "(created_at, id)" in d and "WHERE" in d]
-    # 0008's listing index has the same keys and leaves live runs out: the claim index is the
-    # one whose predicate admits pending runs and ownerless cancel requests.
+    claimable = [d for d in definitions.values() if "(priority, available_at, id)" in d]
+    # Its predicate admits pending runs and ownerless cancel requests.
     assert any("'pending'" in d and "worker_id IS NULL" in d for d in claimable), definitions
 
 

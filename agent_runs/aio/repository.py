@@ -76,3 +76,13 @@ class AsyncAgentRunRepository(AsyncDriver):
     run_stats = _coroutine(Sync.run_stats)
     prune_finished_runs = _coroutine(Sync.prune_finished_runs)
     prune_batches = _stream(Sync.prune_batches)
+    # recovery policy
+    retry_or_fail = _coroutine(Sync.retry_or_fail)
+    requeue_run = _coroutine(Sync.requeue_run)
+    list_run_requeues = _coroutine(Sync.list_run_requeues)
+    list_scheduled_runs = _coroutine(Sync.list_scheduled_runs)
+    next_available_in = _coroutine(Sync.next_available_in)
+    set_policy = _coroutine(Sync.set_policy)
+    get_policy = _coroutine(Sync.get_policy)
+    list_policies = _coroutine(Sync.list_policies)
+    delete_policy = _coroutine(Sync.delete_policy)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from agent_runs.cli.common import OTEL_HELP, UsageError, open_connection, otel_from_env
+from agent_runs.durations import parse_duration, parse_timestamp
 from agent_runs.explain import explain_run
 from agent_runs.report import history_json, render_history
 from agent_runs.repository import AgentRunRepository
@@ -22,6 +24,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--request-id", default=None, help="idempotency key (default: a new uuid)")
     p.add_argument("--run-type", default="chat", choices=("chat", "resume", "subagent"))
     p.add_argument("--created-by-run-id", default=None, help="parent run of a sub-agent run")
+    p.add_argument("--priority", type=int, default=0, help="0 (claimed first) to 9; default 0")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--available-at", default=None, metavar="TS", help="claimable from TS")
+    when.add_argument("--delay", default=None, metavar="D", help="claimable after D (90s, 15m)")
     p.add_argument("--otel", action="store_true", help=OTEL_HELP + "; TRACEPARENT: the parent")
     p.set_defaults(func=cmd_enqueue)
 
@@ -43,8 +49,17 @@ def parse_payload(text: str | None) -> dict[str, Any]:
     return payload
 
 
+def _available_at(args: argparse.Namespace) -> datetime | None:
+    if args.available_at is not None:
+        return parse_timestamp("--available-at", args.available_at)
+    if args.delay is not None:
+        return datetime.now(UTC) + parse_duration("--delay", args.delay)
+    return None
+
+
 def cmd_enqueue(args: argparse.Namespace) -> int:
     payload = parse_payload(args.payload)
+    available_at = _available_at(args)
     otel = otel_from_env(args, "agent-runs-enqueue", parent_from_env=True)
     try:
         with open_connection(args) as conn:
@@ -57,6 +72,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                 input_payload=payload,
                 run_type=args.run_type,
                 created_by_run_id=args.created_by_run_id,
+                priority=args.priority,
+                available_at=available_at,
             )
     finally:
         if otel is not None:
@@ -72,9 +89,12 @@ def cmd_attempts(args: argparse.Namespace) -> int:
         if run is None:
             raise UsageError(f"no run with id {args.run_id!r}")
         attempts = repo.list_run_attempts(run.id)
-    explanation = explain_run(run, attempts)
+        requeues = repo.list_run_requeues(run.id)
+        policy = repo.get_policy(run.agent_slug)
+    explanation = explain_run(run, attempts, requeues, policy)
     if args.json:
-        print(json.dumps(history_json(run, attempts, explanation), indent=2, ensure_ascii=False))
+        document = history_json(run, attempts, explanation, requeues)
+        print(json.dumps(document, indent=2, ensure_ascii=False))
     else:
         print(render_history(run, attempts, explanation))
     return 0

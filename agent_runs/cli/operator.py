@@ -66,6 +66,11 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="expired leases not yet reconciled, and pending runs older than --stuck-after",
     )
     p.add_argument("--stuck-after", default="15m", metavar="D", help="default 15m")
+    p.add_argument(
+        "--scheduled",
+        action="store_true",
+        help="pending runs not yet available (soonest first; with --agent-slug, --limit)",
+    )
     p.add_argument("--limit", type=int, default=50, help="runs per page, 1-1000 (default 50)")
     p.add_argument("--before", default=None, metavar="CURSOR", help="the page after this cursor")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
@@ -102,7 +107,27 @@ def run_json(summary: RunSummary) -> dict[str, Any]:
     return out
 
 
+def cmd_scheduled(args: argparse.Namespace) -> int:
+    with open_connection(args) as conn:
+        runs = AgentRunRepository(conn).list_scheduled_runs(
+            agent_slug=args.agent_slug, limit=args.limit
+        )
+    if args.json:
+        out = [{k: _json_value(v) for k, v in dataclasses.asdict(r).items()} for r in runs]
+        print(json.dumps(out, indent=2, ensure_ascii=False))
+        return 0
+    rows = [
+        (r.id, r.agent_slug, r.thread_id, str(r.priority), _ts(r.available_at or r.created_at))
+        for r in runs
+    ]
+    columns = ("run", "agent", "thread", "priority", "available_at")
+    print("\n".join(table(columns, rows) if rows else ["(no scheduled runs)"]))
+    return 0
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
+    if args.scheduled:
+        return cmd_scheduled(args)
     since = None if args.since is None else parse_since("--since", args.since)
     filters: RunFilters = {
         "statuses": args.status,

@@ -5,7 +5,8 @@ does anything again).
 
 The actions exist only with allow_cancel, never on a hot-standby replica. Each is an `Action`
 in ACTIONS: its words, and the repository call that performs it under the repository's rules
-(cancel: `request_cancel`; cancel-tree: `request_cancel_tree`). Another action is one more entry.
+(cancel: `request_cancel`; cancel-tree: `request_cancel_tree`; requeue: `requeue_run`). Another
+action is one more entry.
 """
 
 from __future__ import annotations
@@ -31,13 +32,20 @@ from agent_runs.dashboard.guard import dashboard_root
 from agent_runs.dashboard.params import BadParameter, only, single
 from agent_runs.dashboard.render import error_page, page
 from agent_runs.dashboard.run_page import _found, _run_id
-from agent_runs.errors import InvalidArgument
+from agent_runs.errors import InvalidArgument, ThreadBusy
 from agent_runs.models import AgentRun
 from agent_runs.repository import AgentRunRepository
 
 CSRF_SECONDS: Final = 15 * 60
 # Runs one bulk action may select (one page of the runs table at most).
 MAX_SELECTED: Final = 100
+
+
+_CANCEL_EXPLAINS: Final = (
+    "A pending run that never started becomes cancelled at once; any other live run becomes"
+    " cancel_requested, and its worker stops it on its next heartbeat. Finished runs do not"
+    " change."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +57,8 @@ class Action:
     perform: Callable[[AgentRunRepository, str], list[AgentRun]]  # the runs that changed
     reaches_tree: bool = False  # the confirmation lists the runs below the run
     bulk: bool = False  # offered for runs selected in the runs table
+    explains: str = _CANCEL_EXPLAINS  # what the action does, on the confirmation page
+    unchanged: str = "already cancelled, cancel requested, or finished"  # why nothing changed
 
 
 def _cancel(repo: AgentRunRepository, run_id: str) -> list[AgentRun]:
@@ -56,6 +66,11 @@ def _cancel(repo: AgentRunRepository, run_id: str) -> list[AgentRun]:
     after = repo.request_cancel(run_id)
     changed = after is not None and before is not None and after.status != before.status
     return [after] if changed and after is not None else []
+
+
+def _requeue(repo: AgentRunRepository, run_id: str) -> list[AgentRun]:
+    requeued = repo.requeue_run(run_id, reason="requeued from the dashboard")
+    return [requeued.run] if requeued.changed and requeued.run is not None else []
 
 
 ACTIONS: Final = {
@@ -69,6 +84,19 @@ ACTIONS: Final = {
         "Cancel requested",
         lambda repo, run_id: repo.request_cancel_tree(run_id),
         reaches_tree=True,
+    ),
+    "requeue": Action(
+        "requeue",
+        "Requeue this run?",
+        "Yes, requeue the run",
+        "Requeued",
+        _requeue,
+        explains=(
+            "A failed, cancelled or interrupted run goes back to pending, available now, with a"
+            " fresh attempt budget; the requeue is recorded. A completed run is never requeued:"
+            " create a new run to run it again."
+        ),
+        unchanged="the run has not ended yet",
     ),
 }
 
@@ -252,7 +280,10 @@ def _perform(request: Request, name: str, run_ids: list[str]) -> Response:
             return error_page(config.env, request, 403, "Cancelling is off", REPLICA_NOTE)
         for run_id in run_ids:
             _found(writer.repo.get_run(run_id), run_id)
-            changed += ACTIONS[name].perform(writer.repo, run_id)
+            try:
+                changed += ACTIONS[name].perform(writer.repo, run_id)
+            except (InvalidArgument, ThreadBusy) as exc:  # the rule's refusal says why
+                return error_page(config.env, request, 409, "Refused", str(exc))
     issued = str(int(time.time()))
     subject = run_ids[0] if len(run_ids) == 1 else ""
     counts = (str(len(changed)), str(len(run_ids)))

@@ -30,6 +30,10 @@ _JSON: Final = "application/json; charset=utf-8"
 RUN_ID_CHARS: Final = 64
 
 
+# An ended run an operator may run again (requeue_run's rule; completed runs never).
+_REQUEUABLE = frozenset({"failed", "cancelled", "interrupted"})
+
+
 def _run_id(request: Request) -> str:
     run_id: str = request.path_params["run_id"]
     try:
@@ -65,6 +69,7 @@ def run_page(request: Request) -> Response:
         now = reader.now()
         run = _found(reader.repo.get_run(run_id), run_id)
         attempts = reader.repo.list_run_attempts(run_id)
+        requeues = reader.repo.list_run_requeues(run_id)
         parent = reader.repo.get_run(run.created_by_run_id) if run.created_by_run_id else None
         children = data.children(reader, run_id)
         tree = data.tree(reader, run_id, data.TREE_ON_RUN_PAGE)
@@ -85,7 +90,7 @@ def run_page(request: Request) -> Response:
             # reader (the tree section may, on reload).
             "live_page": not run.is_terminal,
             "final_page": run.is_terminal,
-            "explanation": explain_run(run, attempts),
+            "explanation": explain_run(run, attempts, requeues),
             "timeline": attempt_timeline(shown, now),
             "parent": parent,
             "parent_missing": run.created_by_run_id is not None and parent is None,
@@ -95,6 +100,8 @@ def run_page(request: Request) -> Response:
             "tree_levels": data.TREE_LEVELS,
             "worker": worker_identity(last_owner),
             "can_cancel": config.allow_cancel and not recovery and not run.is_terminal,
+            "can_requeue": config.allow_cancel and not recovery and run.status in _REQUEUABLE,
+            "requeues": requeues,
             "cancel_note": REPLICA_NOTE if config.allow_cancel and recovery else None,
         },
     )

@@ -20,6 +20,9 @@ Limits (the schema enforces the same time window, see migrations/0003_timestamp_
   refused when invalid from a direct caller, and kept inside the message by `agent_error`.
 - Worker settings: name 1-95 characters (owner tokens are `name:` + 32 hex digits, <= 128),
   heartbeat_seconds below lease_seconds, max_tries 1-1,000,000, poll_seconds 0 < x <= 3600.
+- Scheduling: priority 0-9; available_at an aware datetime in the window; retry_after_seconds
+  and back-off 0 <= x <= a year; backoff_jitter 0-1; max_attempts >= 1; max_lost_leases >= 0;
+  deadline_seconds None or 0 < x <= ten years; a requeue's reason 1-1000 characters.
 - timeout_seconds (wait_for_run): a finite number, 0 <= x <= 366 days. Every number is checked
   without converting it first: a huge int is refused by name, never an OverflowError.
 """
@@ -69,6 +72,20 @@ from agent_runs.validation.numbers import (
     limit,
     timeout_seconds,
 )
+from agent_runs.validation.schedule import (
+    DEFAULT_POLICY_SLUG,
+    MAX_DELAY_SECONDS,
+    available_at,
+    backoff_jitter,
+    backoff_seconds,
+    deadline_seconds,
+    max_attempts,
+    max_lost_leases,
+    policy_slug,
+    priority,
+    reason,
+    retry_after_seconds,
+)
 from agent_runs.validation.settings import (
     COMPLETIONS,
     completion,
@@ -99,10 +116,12 @@ from agent_runs.validation.times import (
 
 __all__ = [
     "COMPLETIONS",
+    "DEFAULT_POLICY_SLUG",
     "INVALID_ERROR_TYPE",
     "MAX_BAD_ERROR_TYPE_SHOWN",
     "MAX_BATCH",
     "MAX_CONCURRENCY",
+    "MAX_DELAY_SECONDS",
     "MAX_DSN_LENGTH",
     "MAX_ERROR_MESSAGE_LENGTH",
     "MAX_ERROR_TYPE_LENGTH",
@@ -122,9 +141,13 @@ __all__ = [
     "TIME_MIN",
     "agent_error",
     "agent_slugs",
+    "available_at",
+    "backoff_jitter",
+    "backoff_seconds",
     "canonical_json",
     "checkpoint_id",
     "completion",
+    "deadline_seconds",
     "error_message",
     "error_type",
     "every_seconds",
@@ -141,13 +164,19 @@ __all__ = [
     "lease_seconds",
     "leases",
     "limit",
+    "max_attempts",
+    "max_lost_leases",
     "max_tries",
     "now",
     "optional_dsn",
     "optional_identifier",
     "optional_worker_id",
     "output_text",
+    "policy_slug",
     "poll_seconds",
+    "priority",
+    "reason",
+    "retry_after_seconds",
     "run_type",
     "terminal_status",
     "timeout_seconds",

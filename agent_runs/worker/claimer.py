@@ -15,9 +15,9 @@ committed, and under load the claim and finish statements carry a batch each, no
 the threads that execute never wait for the database in between (each such wait is a thread
 switch per run, which is what a process of many threads spends its time on).
 
-Idle, the claimer waits for a wake-up (when listening) or the poll interval, and it runs the
-reconciler every lease_seconds/2. A run claimed while no thread is left to take it (all left,
-or the worker stops) is released for retry at once.
+Idle, the claimer waits for a wake-up (when listening), the poll interval or the next run
+scheduled for later, and it runs the reconciler every lease_seconds/2. A run claimed while no
+thread is left to take it (all left, or the worker stops) is released for retry at once.
 """
 
 from __future__ import annotations
@@ -92,6 +92,8 @@ class ClaimingWorker(Protocol):
     def maybe_reconcile(self) -> list[AgentRun]: ...
 
     def claim_for_slots(self, count: int) -> list[Claimed]: ...
+
+    def next_available_in(self) -> float | None: ...
 
     def release_unstarted(self, claimed: Sequence[Claimed]) -> None: ...
 
@@ -301,6 +303,12 @@ class Claimer:
             while not self._ending() and (left := deadline - time.monotonic()) > 0:
                 self._changed.wait(min(left, WAIT_SLICE_SECONDS))
 
+    def _next_available(self) -> float | None:
+        try:
+            return self._worker.next_available_in()
+        except DB_ERRORS:
+            return None  # the poll stays the safety net
+
     def _idle(self, wakeups: Wakeups | None) -> None:
         """Wait until a wake-up, the safety-net poll or a stop.
 
@@ -310,11 +318,16 @@ class Claimer:
         """
         worker = self._worker
         started = time.monotonic()
+        # A run scheduled for later sends no wake-up when it becomes available: a poll slower
+        # than a second asks once when that is, and sleeps no longer (one read per idle spell).
+        scheduled = self._next_available() if worker.poll_seconds > 1.0 else None
         while not self._ending():
             listening = wakeups is not None and wakeups.listening
             interval = worker.poll_seconds
             if wakeups is not None and not listening:
                 interval = min(interval, 1.0)
+            if scheduled is not None:
+                interval = min(interval, scheduled + 0.05)
             left = started + interval - time.monotonic()
             if left <= 0:
                 return

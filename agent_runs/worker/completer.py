@@ -37,10 +37,18 @@ Repositories = Callable[[], AbstractContextManager[AgentRunRepository]]
 class Completer:
     """Writes decisions for one worker (see the module docstring)."""
 
-    def __init__(self, repository: Repositories, *, lease_seconds: float, retry_cap: float) -> None:
+    def __init__(
+        self,
+        repository: Repositories,
+        *,
+        lease_seconds: float,
+        retry_cap: float,
+        max_tries: int | None = None,
+    ) -> None:
         self._repository = repository
         self._lease_seconds = lease_seconds
         self._retry_cap = retry_cap
+        self._max_tries = max_tries
         # Threads that finish runs at the same time share one finish_runs statement.
         self.finishing = GroupCommit(self.finish_batch, max_batch=check.MAX_BATCH)
 
@@ -64,7 +72,8 @@ class Completer:
         backoff = Backoff(cap=self._retry_cap)
         # Once the agent stopped the heartbeat the lease cannot be proven; try for one lease.
         give_up_at = time.monotonic() + self._lease_seconds
-        if batched and decision.status is not None and self._unwritable(lease, give_up_at) is None:
+        batched = batched and decision.status is not None and decision.retry_error is None
+        if batched and self._unwritable(lease, give_up_at) is None:
             done, in_doubt = self._in_batch(run, lease, decision, tag)
             if done is not None:
                 return done
@@ -159,6 +168,18 @@ class Completer:
     ) -> tuple[AgentRun | None, AgentRun | None]:
         """(the run as written, None) or, when refused, (None, the run as it is now)."""
         with self._repository() as repo:
+            if decision.retry_error is not None:
+                retried = repo.retry_or_fail(
+                    run.id,
+                    worker_id=lease.worker_id,
+                    error_type="retryable_error",
+                    error_message=decision.retry_error,
+                    retry_after_seconds=decision.retry_after_seconds,
+                    max_attempts=self._max_tries,
+                )
+                if retried.run is not None and retried.changed:
+                    return retried.run, None
+                return None, retried.run
             if decision.status is None:
                 released = repo.release_lease_for_retry(
                     run.id,
@@ -183,18 +204,20 @@ class Completer:
 
     def _confirm(self, run_id: str, lease: Lease, decision: Decision) -> AgentRun | None:
         """After a lost reply: the run if our attempt already finished as decided (a read)."""
-        expected = (
+        expected = {
             AttemptOutcome.RETRY_RELEASED
             if decision.status is None
             else AttemptOutcome(decision.status.value)
-        )
+        }
+        if decision.retry_error is not None:  # the policy chose between the two
+            expected = {AttemptOutcome.RETRY_RELEASED, AttemptOutcome.FAILED}
         try:
             with self._repository() as repo:
                 for attempt in repo.list_run_attempts(run_id):
-                    if attempt.worker_id == lease.worker_id and attempt.outcome == expected:
+                    if attempt.worker_id == lease.worker_id and attempt.outcome in expected:
                         if repo.telemetry is not None:  # its end committed, the reply was lost
                             repo.telemetry.ended(
-                                lease.worker_id, expected.value, attempt.error_type
+                                lease.worker_id, str(attempt.outcome), attempt.error_type
                             )
                         return repo.get_run(run_id)
         except DB_ERRORS:

@@ -124,6 +124,7 @@ def finish(
     if (
         not hand_over
         or decision.releases
+        or decision.retry_error is not None
         or not lease.provable()
         or lease.heartbeat_stopped
         or not flusher.hand(run, lease, decision, tag)

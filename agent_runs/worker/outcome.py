@@ -4,8 +4,9 @@ In order: a cancel request -> `cancelled`; the agent raised SystemExit or Keyboa
 `interrupted` (error_type `agent_exit`; the worker then stops); the worker is shutting down ->
 released for retry unless the agent returned `completed`; RetryableError -> released while
 attempt_no < max_tries (the attempt keeps `retryable_error` and its text), else `failed` /
-`retries_exhausted`; any other exception -> `failed` / `agent_error`; a value that is not a
-valid AgentResult -> `failed` / `agent_error`, saying what it was; an output the JSON rules
+`retries_exhausted` (either way written by retry_or_fail, whose policy decides with the
+worker's max_tries as a cap); any other exception -> `failed` / `agent_error`; a value that is
+not a valid AgentResult -> `failed` / `agent_error`, saying what it was; an output the JSON rules
 refuse -> `failed` / `invalid_output`, saying why; else the AgentResult. A
 cancel or a shutdown release keeps the error the agent's ending carried. Error text from the
 agent is a fact: it is made storable, never dropped.
@@ -13,7 +14,7 @@ agent is a fact: it is made storable, never dropped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from agent_runs import validation as check
@@ -37,6 +38,10 @@ class Decision:
     error_type: str | None = None
     error_message: str | None = None
     output: Any = None  # the run's result, checked against the JSON rules
+    # From a RetryableError: its text, and its retry_after_seconds. Set, the decision is
+    # written by retry_or_fail, whose recovery policy has the last word.
+    retry_error: str | None = None
+    retry_after_seconds: float | None = None
 
     @property
     def releases(self) -> bool:
@@ -74,17 +79,33 @@ def decide(ending: Ending, *, stop_reason: str | None, attempt_no: int, max_trie
         # The agent was asked to stop: let another worker run it again.
         return _keeping_error(None, ending)
     if isinstance(raised, RetryableError):
+        text = exception_text(raised)
         if attempt_no < max_tries:
-            return _failure(None, "retryable_error", exception_text(raised))
-        return _failure(
-            RunStatus.FAILED,
-            "retries_exhausted",
-            f"attempt {attempt_no} of {max_tries} failed with a retryable error: "
-            f"{exception_text(raised)}",
+            decision = _failure(None, "retryable_error", text)
+        else:
+            decision = _failure(
+                RunStatus.FAILED,
+                "retries_exhausted",
+                f"attempt {attempt_no} of {max_tries} failed with a retryable error: {text}",
+            )
+        return replace(
+            decision,
+            retry_error=check.error_message(text),
+            retry_after_seconds=_retry_after(raised),
         )
     if raised is not None:
         return _failure(RunStatus.FAILED, "agent_error", exception_text(raised))
     return _from_result(ending.returned)
+
+
+def _retry_after(raised: RetryableError) -> float | None:
+    """The agent's retry_after_seconds when it is a usable delay (else the policy's back-off:
+    a bad value from an agent must not lose the failure)."""
+    value = getattr(raised, "retry_after_seconds", None)
+    try:
+        return check.retry_after_seconds(value)
+    except InvalidArgument:
+        return None
 
 
 def _keeping_error(status: RunStatus | None, ending: Ending) -> Decision:

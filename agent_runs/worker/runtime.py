@@ -118,6 +118,7 @@ class Worker:
             self.repository,
             lease_seconds=self.lease_seconds,
             retry_cap=max(0.2, self.heartbeat_seconds),
+            max_tries=self.max_tries,
         )
         # "async": run_once's ends are written in the background too, and a run_forever slot
         # comes back once its end is handed over, not once it committed.
@@ -309,6 +310,11 @@ class Worker:
     def claim_for_slots(self, count: int) -> list[Claimed]:
         """Claim up to `count` runs in one statement for the claimer (claims.py)."""
         return claims.claim_for_slots(self, count)
+
+    def next_available_in(self) -> float | None:
+        """Seconds until a run of ours scheduled for later becomes claimable (None: none)."""
+        with self.repository() as repo:
+            return repo.next_available_in(agent_slugs=self.agent_slugs)
 
     def with_lease_retry(
         self, lease: Lease, call: Callable[[AgentRunRepository], T], what: str
