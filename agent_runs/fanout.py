@@ -30,7 +30,13 @@ if TYPE_CHECKING:  # never imported at run time: telemetry off costs no import
     from agent_runs.telemetry import Telemetry
 
 _REQUIRED: Final = ("thread_id", "agent_slug", "uid", "request_id")
-_OPTIONAL: Final = ("input_payload", "run_type", "created_by_run_id", "run_id")
+_OPTIONAL: Final = (
+    "input_payload",
+    "run_type",
+    "created_by_run_id",
+    "run_id",
+    "concurrency_key",
+)
 _ARGUMENTS: Final = frozenset(_REQUIRED + _OPTIONAL)
 # A refusal the database gives while the cause has moved on (a concurrent creator committed
 # one of our request_ids, the run that made a thread busy ended): the batch is run again.
@@ -48,6 +54,7 @@ class _Item:
     run_type: str
     created_by_run_id: str | None
     input_payload: dict[str, Any]
+    concurrency_key: str | None = None
 
     @property
     def thread(self) -> tuple[str, str, str]:
@@ -81,6 +88,7 @@ def _item(index: int, value: object) -> _Item:
                 "created_by_run_id", value.get("created_by_run_id")
             ),
             input_payload=check.json_object("input_payload", {} if payload is None else payload),
+            concurrency_key=check.optional_concurrency_key(value.get("concurrency_key")),
         )
     except InvalidArgument as exc:
         raise InvalidArgument(f"items[{index}]: {exc}") from None
@@ -144,6 +152,7 @@ def _params(sent: list[_Item]) -> dict[str, Any]:
         "uids": [i.uid for i in sent],
         "run_types": [i.run_type for i in sent],
         "created_by_run_ids": [i.created_by_run_id for i in sent],
+        "concurrency_keys": [i.concurrency_key for i in sent],
         "input_payloads": Jsonb([i.input_payload for i in sent]),
         "trace_contexts": None,  # telemetry off
     }

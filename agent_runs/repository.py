@@ -28,6 +28,7 @@ from agent_runs.errors import (
 )
 from agent_runs.fanout import RunBatches
 from agent_runs.ids import new_run_id
+from agent_runs.key_limits import KeyLimits
 from agent_runs.lean import LeanTransitions
 from agent_runs.models import AgentRun, Claim, RunAttempt, RunStatus, Transition
 from agent_runs.operations import OperatorQueries
@@ -38,7 +39,7 @@ from agent_runs.transport import Row, Statement, statement
 __all__ = ["LEASE_EXPIRED_MESSAGE", "AgentRunRepository", "new_run_id"]
 
 
-class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDriver):
+class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, KeyLimits, SyncDriver):
     """The data access object for agent_runs and agent_run_attempts over one psycopg connection.
 
     Every method runs in its own explicit transaction, which becomes a savepoint inside a
@@ -61,10 +62,12 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
         run_type: str = "chat",
         created_by_run_id: str | None = None,
         run_id: str | None = None,
+        concurrency_key: str | None = None,
     ) -> Plan[AgentRun]:
         """Create a pending run; the same request_id again returns the existing run.
 
         Raises ThreadBusy when another non-terminal run exists on (uid, agent_slug, thread_id).
+        concurrency_key: the key whose limit (set_limit) this run counts against, if any.
         """
         params = {
             "thread_id": check.identifier("thread_id", thread_id),
@@ -78,6 +81,7 @@ class AgentRunRepository(OperatorQueries, LeanTransitions, RunBatches, SyncDrive
             "created_by_run_id": check.optional_identifier("created_by_run_id", created_by_run_id),
             "run_id": new_run_id() if run_id is None else check.identifier("run_id", run_id),
             "trace_context": None,
+            "concurrency_key": check.optional_concurrency_key(concurrency_key),
         }
         if params["created_by_run_id"] is not None and params["created_by_run_id"] == run_id:
             raise InvalidArgument(

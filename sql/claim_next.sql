@@ -1,5 +1,6 @@
 -- claim_next: the initial claim of mark_running, on the oldest claimable run.
--- from: pending | ownerless cancel_requested, by (created_at, id), of agent_slugs if given
+-- from: pending | ownerless cancel_requested, by (created_at, id), of agent_slugs if given,
+--       whose concurrency_key (if any) is below its limit
 -- to:   pending -> running, owned, leased; any open attempt -> lease_expired; attempt max + 1
 -- returns: the run as it is now and the attempt_no it opened, no row when nothing is claimable
 -- notes: sql/README.md (clock, CASE not IN, data-modifying CTEs, lock order)
@@ -13,14 +14,35 @@ candidate AS (
     WHERE (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
       AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
                ELSE r.agent_slug = ANY (%(agent_slugs)s::text[]) END
+      -- limits per key: a run of a key at its limit is passed over, keeping its place.
+      AND (r.concurrency_key IS NULL OR NOT EXISTS (
+          SELECT FROM agent_run_limits l
+          WHERE l.concurrency_key = r.concurrency_key AND l.running >= l.max_running))
     ORDER BY r.created_at, r.id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
+),
+-- limits per key: the candidate's limit row, locked after the run (sql/README.md, limits).
+keyed AS (
+    SELECT k.id, k.concurrency_key, 1 AS rank
+    FROM agent_runs k
+    WHERE k.id = (SELECT id FROM candidate) AND k.concurrency_key IS NOT NULL
+),
+key_slots AS (
+    SELECT l.concurrency_key, l.max_running - l.running AS free
+    FROM agent_run_limits l
+    WHERE l.concurrency_key = (SELECT concurrency_key FROM keyed)
+    FOR UPDATE
+),
+over_limit AS (
+    SELECT keyed.id FROM keyed JOIN key_slots USING (concurrency_key)
+    WHERE keyed.rank > key_slots.free
 ),
 lease AS (
     SELECT candidate.id, clock.now,
            clock.now + make_interval(secs => %(lease_seconds)s::float8) AS expires_at
     FROM candidate, clock
+    WHERE NOT EXISTS (SELECT FROM over_limit)  -- limits per key
 ),
 expired AS (
     UPDATE agent_run_attempts a

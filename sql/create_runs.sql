@@ -13,9 +13,11 @@ items AS (
     FROM unnest((SELECT %(run_ids)s::text[]), (SELECT request_ids FROM batch),
                 (SELECT %(thread_ids)s::text[]), (SELECT %(agent_slugs)s::text[]),
                 (SELECT %(uids)s::text[]), (SELECT %(run_types)s::text[]),
-                (SELECT %(created_by_run_ids)s::text[]))
+                (SELECT %(created_by_run_ids)s::text[]),
+                (SELECT %(concurrency_keys)s::text[]))
          WITH ORDINALITY
-         AS i (id, request_id, thread_id, agent_slug, uid, run_type, created_by_run_id, ord)
+         AS i (id, request_id, thread_id, agent_slug, uid, run_type, created_by_run_id,
+               concurrency_key, ord)
     JOIN jsonb_array_elements((SELECT %(input_payloads)s::jsonb)) WITH ORDINALITY
          AS p (input_payload, ord) ON p.ord = i.ord
     -- Each item's trace context: no array without telemetry, a JSON null without a valid span.
@@ -27,10 +29,12 @@ created AS (
     -- end of the statement, when every row of it is in.
     INSERT INTO agent_runs (
         id, request_id, thread_id, agent_slug, uid, run_type, created_by_run_id, input_payload,
-        trace_context
+        trace_context,
+        concurrency_key
     )
     SELECT id, request_id, thread_id, agent_slug, uid, run_type, created_by_run_id, input_payload,
-           trace_context
+           trace_context,
+           concurrency_key
     FROM items
     -- In request_id order: two batches sharing requests wait for each other's uncommitted
     -- request_ids in one order, never in a cycle.

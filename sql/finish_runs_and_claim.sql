@@ -20,7 +20,7 @@ decided AS (
          AS d (run_id, worker_id, status, error_type, error_message)
 ),
 locked AS (
-    SELECT r.id
+    SELECT r.id, r.concurrency_key
     FROM agent_runs r
     -- index lookups, never a walk over live runs
     WHERE r.id = ANY ((SELECT run_ids FROM batch)::text[])
@@ -68,9 +68,36 @@ candidate AS (
     WHERE (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
       AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
                ELSE r.agent_slug = ANY (%(agent_slugs)s::text[]) END
+      -- limits per key: a run of a key at its limit is passed over, keeping its place.
+      AND (r.concurrency_key IS NULL OR NOT EXISTS (
+          SELECT FROM agent_run_limits l
+          WHERE l.concurrency_key = r.concurrency_key AND l.running >= l.max_running))
     ORDER BY r.created_at, r.id
     LIMIT least(cardinality(%(worker_ids)s::text[]), (SELECT count(*) FROM finished))
     FOR UPDATE SKIP LOCKED
+),
+-- limits per key: the candidates' limit rows, locked after the runs and in key order
+-- (sql/README.md, limits); a key admits its candidates in claim order while it has slots.
+keyed AS (
+    SELECT k.id, k.concurrency_key,
+           row_number() OVER (PARTITION BY k.concurrency_key ORDER BY k.created_at, k.id) AS rank
+    FROM agent_runs k
+    WHERE k.id = ANY (ARRAY(SELECT id FROM candidate)) AND k.concurrency_key IS NOT NULL
+),
+key_slots AS (
+    -- A slot that this statement's own ends free may be taken by its claims.
+    SELECT l.concurrency_key,
+           l.max_running - l.running
+           + (SELECT count(*) FROM finished JOIN locked USING (id)
+              WHERE locked.concurrency_key = l.concurrency_key) AS free
+    FROM agent_run_limits l
+    WHERE l.concurrency_key IN (SELECT k.concurrency_key FROM keyed k UNION SELECT locked.concurrency_key FROM locked)
+    ORDER BY l.concurrency_key
+    FOR UPDATE
+),
+over_limit AS (
+    SELECT keyed.id FROM keyed JOIN key_slots USING (concurrency_key)
+    WHERE keyed.rank > key_slots.free
 ),
 lease AS (
     SELECT c.id, owner.worker_id, clock.now,
@@ -78,6 +105,7 @@ lease AS (
     FROM (SELECT id, row_number() OVER (ORDER BY created_at, id) AS n FROM candidate) AS c
     JOIN unnest(%(worker_ids)s::text[]) WITH ORDINALITY AS owner (worker_id, n) USING (n)
     CROSS JOIN clock
+    WHERE NOT EXISTS (SELECT FROM over_limit WHERE over_limit.id = c.id)  -- limits per key
 ),
 expired AS (
     UPDATE agent_run_attempts a
@@ -122,6 +150,7 @@ ends AS (
            coalesce(array_agg(finished_at ORDER BY id), '{}') AS finished_ats
     FROM finished
     WHERE (SELECT count(*) FROM notified) >= 0
+      AND (SELECT count(*) FROM key_slots) >= 0  -- limits per key: the batch's keys locked
 )
 SELECT claimed.*, ends.finished_ids, ends.finished_ats
 FROM ends LEFT JOIN claimed ON true

@@ -1,5 +1,5 @@
 -- list_runs: one page of runs, newest first by (created_at, id), after the keyset cursor.
--- from: any run matching every non-NULL filter: statuses, agent slug, thread, uid, worker identity
+-- from: any run matching every non-NULL filter: statuses, agent slug, thread, uid, key, worker identity
 --       (an attempt's owner token without its last ':' part), created since, stuck (an expired
 --       live lease not reconciled yet, or pending longer than stuck_after_seconds)
 -- to:   nothing (read only)
@@ -26,6 +26,7 @@ matching AS NOT MATERIALIZED (
       AND (%(agent_slug)s::text IS NULL OR r.agent_slug = %(agent_slug)s::text)
       AND (%(thread_id)s::text IS NULL OR r.thread_id = %(thread_id)s::text)
       AND (%(uid)s::text IS NULL OR r.uid = %(uid)s::text)
+      AND (%(concurrency_key)s::text IS NULL OR r.concurrency_key = %(concurrency_key)s::text)
       AND r.created_at >= coalesce(
               %(since_at)s::timestamptz,
               (SELECT now FROM clock) - make_interval(secs => %(since_seconds)s::float8),
@@ -81,6 +82,7 @@ SELECT page.id, page.request_id, page.thread_id, page.agent_slug, page.uid, page
        page.manifest_fingerprint, page.manifest_recorded_at, page.started_at, page.finished_at,
        page.created_at, page.updated_at,
        CASE WHEN %(documents)s::boolean THEN page.trace_context END AS trace_context,
+       page.concurrency_key,
        (SELECT count(*) FROM agent_run_attempts a WHERE a.run_id = page.id) AS attempt_count,
        (SELECT a.worker_id FROM agent_run_attempts a WHERE a.run_id = page.id
         ORDER BY a.attempt_no DESC LIMIT 1) AS last_worker_id

@@ -30,6 +30,7 @@ ALL = [
     "0010_trace_context",
     "0011_run_waiters",
     "0012_compact_time_checks",
+    "0017_limits_per_key",
 ]
 AFTER_0001 = ALL[1:]
 AFTER_0002 = ALL[2:]
@@ -95,7 +96,12 @@ def test_every_migration_has_a_rollback_file() -> None:
 def test_migrations_apply_to_an_empty_database(blank_dsn: str) -> None:
     assert relations(blank_dsn) == set()
     assert apply_migrations(blank_dsn) == ALL
-    assert relations(blank_dsn) == {"agent_runs", "agent_run_attempts", "agent_run_waiters"}
+    assert relations(blank_dsn) == {
+        "agent_runs",
+        "agent_run_attempts",
+        "agent_run_waiters",
+        "agent_run_limits",
+    }
     items = schema(blank_dsn)
     assert any(item.startswith("trigger ") for item in items)
     assert any("uq_agent_run_attempts_run_attempt_no" in item for item in items)
@@ -220,6 +226,7 @@ def test_0002_on_a_database_with_legacy_runs_back_fills_nothing(legacy_dsn: str)
         assert conn.execute("SELECT count(*) FROM agent_run_attempts").fetchone() == (0,)
     after = _runs(legacy_dsn)
     assert all(run.pop("trace_context") is None for run in after)  # 0010 adds it, NULL
+    assert all(run.pop("concurrency_key") is None for run in after)  # 0017 adds it, NULL
     assert after == before
     with agent_runs.connect(legacy_dsn) as conn:
         repo = AgentRunRepository(conn)
@@ -260,7 +267,12 @@ def test_a_key_value_dsn_becomes_a_url_that_migrations_accept(blank_dsn: str) ->
     assert url.startswith("postgresql://")
     assert conninfo_to_dict(url) == conninfo_to_dict(blank_dsn)
     assert apply_migrations(url) == ALL
-    assert relations(blank_dsn) == {"agent_runs", "agent_run_attempts", "agent_run_waiters"}
+    assert relations(blank_dsn) == {
+        "agent_runs",
+        "agent_run_attempts",
+        "agent_run_waiters",
+        "agent_run_limits",
+    }
 
 
 def _bounds_objects(url: str) -> list[str]:
@@ -416,6 +428,7 @@ def test_0012_refuses_exactly_what_0003s_time_window_refused_and_rolls_back_exac
     blank_dsn: str,
 ) -> None:
     apply_migrations(blank_dsn)
+    assert rollback_migrations(blank_dsn, count=1) == ["0017_limits_per_key"]  # the later one
     compact, compact_schema = _window_refusals(blank_dsn), schema(blank_dsn)
     assert rollback_migrations(blank_dsn, count=1) == ["0012_compact_time_checks"]
     verbose = _window_refusals(blank_dsn)
@@ -429,7 +442,12 @@ def test_0012_refuses_exactly_what_0003s_time_window_refused_and_rolls_back_exac
     assert outcomes["agent_run_attempts", "finished_at", "9000-01-01 00:00Z"] == "refused"
     rolled_back = schema(blank_dsn)
     assert rollback_migrations(blank_dsn, count=1) == ["0011_run_waiters"]
-    assert apply_migrations(blank_dsn) == ["0011_run_waiters", "0012_compact_time_checks"]
+    assert apply_migrations(blank_dsn) == [
+        "0011_run_waiters",
+        "0012_compact_time_checks",
+        "0017_limits_per_key",
+    ]
+    assert rollback_migrations(blank_dsn, count=1) == ["0017_limits_per_key"]
     assert schema(blank_dsn) == compact_schema
     assert rollback_migrations(blank_dsn, count=1) == ["0012_compact_time_checks"]
     assert schema(blank_dsn) == rolled_back

@@ -75,3 +75,7 @@ class AsyncAgentRunRepository(AsyncDriver):
     run_stats = _coroutine(Sync.run_stats)
     prune_finished_runs = _coroutine(Sync.prune_finished_runs)
     prune_batches = _stream(Sync.prune_batches)
+    # limits per key
+    set_limit = _coroutine(Sync.set_limit)
+    delete_limit = _coroutine(Sync.delete_limit)
+    list_limits = _coroutine(Sync.list_limits)

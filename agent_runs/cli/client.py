@@ -22,6 +22,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--request-id", default=None, help="idempotency key (default: a new uuid)")
     p.add_argument("--run-type", default="chat", choices=("chat", "resume", "subagent"))
     p.add_argument("--created-by-run-id", default=None, help="parent run of a sub-agent run")
+    p.add_argument(
+        "--concurrency-key",
+        default=None,
+        metavar="K",
+        help="the key whose limit this run counts against (agent-runs limit set K N)",
+    )
     p.add_argument("--otel", action="store_true", help=OTEL_HELP + "; TRACEPARENT: the parent")
     p.set_defaults(func=cmd_enqueue)
 
@@ -57,6 +63,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                 input_payload=payload,
                 run_type=args.run_type,
                 created_by_run_id=args.created_by_run_id,
+                concurrency_key=args.concurrency_key,
             )
     finally:
         if otel is not None:

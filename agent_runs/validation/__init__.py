@@ -62,6 +62,7 @@ from agent_runs.validation.numbers import (
     integer,
     lease_seconds,
     limit,
+    max_running,
     timeout_seconds,
 )
 from agent_runs.validation.settings import (
@@ -75,10 +76,12 @@ from agent_runs.validation.settings import (
 )
 from agent_runs.validation.text import (
     agent_error,
+    concurrency_key,
     error_message,
     error_type,
     fingerprint,
     identifier,
+    optional_concurrency_key,
     optional_identifier,
     optional_worker_id,
     run_type,
@@ -117,6 +120,7 @@ __all__ = [
     "agent_slugs",
     "canonical_json",
     "completion",
+    "concurrency_key",
     "error_message",
     "error_type",
     "every_seconds",
@@ -132,8 +136,10 @@ __all__ = [
     "lease_seconds",
     "leases",
     "limit",
+    "max_running",
     "max_tries",
     "now",
+    "optional_concurrency_key",
     "optional_dsn",
     "optional_identifier",
     "optional_worker_id",
