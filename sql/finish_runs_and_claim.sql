@@ -71,7 +71,11 @@ candidate AS (
       -- limits per key: a run of a key at its limit is passed over, keeping its place.
       AND (r.concurrency_key IS NULL OR NOT EXISTS (
           SELECT FROM agent_run_limits l
-          WHERE l.concurrency_key = r.concurrency_key AND l.running >= l.max_running))
+          WHERE l.concurrency_key = r.concurrency_key AND l.running >= l.max_running
+            -- unless this statement's own ends free a slot of it
+            AND l.running - (SELECT count(*) FROM locked
+                             WHERE locked.concurrency_key = l.concurrency_key)
+                >= l.max_running))
     ORDER BY r.created_at, r.id
     LIMIT least(cardinality(%(worker_ids)s::text[]), (SELECT count(*) FROM finished))
     FOR UPDATE SKIP LOCKED
