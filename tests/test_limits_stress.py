@@ -101,7 +101,7 @@ def test_no_key_is_ever_over_admitted_by_concurrent_processes(
     ]  # fmt: skip
     repo.create_runs(items)
 
-    stop, over = threading.Event(), []
+    stop, over = threading.Event(), list[tuple[str, int, int]]()
     sampler = threading.Thread(target=_sample, args=(dsn, stop, over))
     sampler.start()
     try:
