@@ -49,6 +49,7 @@ class KeyLimits:
             # transition of the key that committed while it waited.
             yield Execute(statement("set_limit.lock"), params)
             rows: list[Row] = yield Execute(statement("set_limit"), params)
+            yield Execute(statement("set_limit.gate"), params)
             return rows
 
         [row] = yield Transaction(save())
@@ -65,7 +66,13 @@ class KeyLimits:
         """Remove the key's limit: its runs are unlimited from the next claim. False when the
         key had none."""
         params = {"concurrency_key": check.concurrency_key(concurrency_key)}
-        rows: list[Row] = yield Execute(statement("delete_limit"), params)
+
+        def delete() -> Plan[list[Row]]:
+            rows: list[Row] = yield Execute(statement("delete_limit"), params)
+            yield Execute(statement("set_limit.gate"), params)
+            return rows
+
+        rows = yield Transaction(delete())
         return bool(rows)
 
     @planned

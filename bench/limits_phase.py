@@ -108,7 +108,7 @@ def _claim_timer(conn: psycopg.Connection[Any], sql: str, first: str) -> Callabl
         params["worker_id"] = f"bench:{uuid.uuid4().hex}"
         with conn.transaction(force_rollback=True):
             started = time.perf_counter()
-            row = conn.execute(sql, params, prepare=True).fetchone()  # type: ignore[arg-type]
+            row = conn.execute(sql, params, prepare=True).fetchone()
             elapsed = time.perf_counter() - started
         assert row is not None and str(row[0]).startswith(first), row
         return elapsed
@@ -149,7 +149,7 @@ def _renewals_hot(url: str) -> float:
                 " pg_stat_get_xact_tuples_hot_updated('agent_runs'::regclass)"
             ).fetchone()
         assert before is not None and after is not None
-        return (after[1] - before[1]) / max(1, after[0] - before[0])
+        return float(after[1] - before[1]) / max(1, int(after[0] - before[0]))
 
 
 def run_phase(url: str, quick: bool) -> dict[str, Any]:

@@ -14,6 +14,7 @@ candidate AS (
       AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
                ELSE r.agent_slug = ANY (%(agent_slugs)s::text[]) END
       -- limits per key: a run of a key at its limit is passed over, keeping its place.
+      AND NOT r.key_waiting
       AND (r.concurrency_key IS NULL OR NOT EXISTS (
           SELECT FROM agent_run_limits l
           WHERE l.concurrency_key = r.concurrency_key AND l.running >= l.max_running))

@@ -66,9 +66,11 @@ def test_a_batched_claim_admits_a_key_only_up_to_its_free_slots_in_claim_order(
     assert repo.list_limits() == [KeyLimit("provider:x", 2, 2, 2)]
 
 
-def test_finish_runs_and_claim_gives_the_slot_it_frees_to_the_keys_next_run(
+def test_finish_runs_and_claim_frees_its_slot_for_the_keys_next_run(
     repo: AgentRunRepository,
 ) -> None:
+    """The key's next run was parked when its key filled: it comes back at the statement's
+    end, and the next claim takes it (the statement itself claims only unparked runs)."""
     repo.set_limit("user:b", 1)
     first = new_run(repo, concurrency_key="user:b")
     second = new_run(repo, concurrency_key="user:b")
@@ -78,8 +80,28 @@ def test_finish_runs_and_claim_gives_the_slot_it_frees_to_the_keys_next_run(
         [Finish(first.id, "w-1", "completed")], worker_ids=["w-2"], lease_seconds=LEASE
     )
     assert list(finished) == [first.id]
-    assert [c.run.id for c in next_runs] == [second.id]
+    assert next_runs == []
+    assert _limit(repo, "user:b").running == 0
+    claimed = repo.claim_next(worker_id="w-3", lease_seconds=LEASE)
+    assert claimed is not None and claimed.id == second.id
     assert _limit(repo, "user:b").running == 1
+
+
+def test_finish_runs_and_claim_may_take_a_slot_it_frees_for_an_unparked_run(
+    repo: AgentRunRepository, observer: Conn
+) -> None:
+    repo.set_limit("user:f", 1)
+    first = new_run(repo, concurrency_key="user:f")
+    assert repo.claim_next(worker_id="w-1", lease_seconds=LEASE).id == first.id  # type: ignore[union-attr]
+    # Created while its key was full, by a writer holding the key row: never parked.
+    second = new_run(repo, concurrency_key="user:f")
+    observer.execute("UPDATE agent_runs SET key_waiting = false WHERE id = %s", (second.id,))
+    assert repo.claim_next(worker_id="w-2", lease_seconds=LEASE) is None  # passed over
+    _, next_runs = repo.finish_runs_and_claim(
+        [Finish(first.id, "w-1", "completed")], worker_ids=["w-2"], lease_seconds=LEASE
+    )
+    assert [c.run.id for c in next_runs] == [second.id]
+    assert _limit(repo, "user:f").running == 1
 
 
 def test_mark_running_on_a_run_whose_key_is_full_is_refused_writing_nothing(
@@ -202,3 +224,35 @@ def test_bad_keys_and_limits_are_refused_by_name_writing_nothing(
         call(repo)
     after = everything(observer), observer.execute("SELECT * FROM agent_run_limits").fetchall()
     assert after == before
+
+
+def test_a_claim_never_reads_the_runs_of_a_full_key(
+    repo: AgentRunRepository, observer: Conn
+) -> None:
+    """A full key's waiting runs leave the claim index (parked), in whatever way they came:
+    created while it was full, or waiting when it filled; they come back when slots free."""
+    repo.set_limit("busy", 1)
+    early = [new_run(repo, concurrency_key="busy") for _ in range(30)]
+    assert repo.claim_next(worker_id="w-1", lease_seconds=LEASE).id == early[0].id  # type: ignore[union-attr]
+    late = [new_run(repo, concurrency_key="busy") for _ in range(30)]
+    free = new_run(repo)
+    plan = "\n".join(
+        row[0]
+        for row in observer.execute(
+            "EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) SELECT id FROM agent_runs r"
+            " WHERE (status = 'pending' OR (status = 'cancel_requested' AND worker_id IS NULL))"
+            " AND NOT r.key_waiting ORDER BY created_at, id LIMIT 1"
+        )
+    )
+    assert "ix_agent_runs_claimable" in plan and "Rows Removed" not in plan, plan
+    assert repo.claim_next(worker_id="w-2", lease_seconds=LEASE).id == free.id  # type: ignore[union-attr]
+    parked = observer.execute(
+        "SELECT count(*) FROM agent_runs WHERE concurrency_key = 'busy' AND key_waiting"
+    ).fetchone()
+    assert parked == (59,)
+    repo.set_limit("busy", 3)  # two slots free: the two oldest waiting runs come back
+    claimed = [repo.claim_next(worker_id=f"w-{i}", lease_seconds=LEASE) for i in (3, 4, 5)]
+    assert [c.id if c else None for c in claimed] == [early[1].id, early[2].id, None]
+    assert repo.delete_limit("busy")
+    assert repo.claim_next(worker_id="w-6", lease_seconds=LEASE).id == early[3].id  # type: ignore[union-attr]
+    assert late[0].id in {r.id for r in repo.list_runs(concurrency_key="busy", limit=100)}

@@ -31,6 +31,7 @@ ALL = [
     "0011_run_waiters",
     "0012_compact_time_checks",
     "0017_limits_per_key",
+    "0018_limits_skip_blocked_runs",
 ]
 AFTER_0001 = ALL[1:]
 AFTER_0002 = ALL[2:]
@@ -227,6 +228,7 @@ def test_0002_on_a_database_with_legacy_runs_back_fills_nothing(legacy_dsn: str)
     after = _runs(legacy_dsn)
     assert all(run.pop("trace_context") is None for run in after)  # 0010 adds it, NULL
     assert all(run.pop("concurrency_key") is None for run in after)  # 0017 adds it, NULL
+    assert all(run.pop("key_waiting") is False for run in after)  # 0018 adds it, false
     assert after == before
     with agent_runs.connect(legacy_dsn) as conn:
         repo = AgentRunRepository(conn)
@@ -428,7 +430,10 @@ def test_0012_refuses_exactly_what_0003s_time_window_refused_and_rolls_back_exac
     blank_dsn: str,
 ) -> None:
     apply_migrations(blank_dsn)
-    assert rollback_migrations(blank_dsn, count=1) == ["0017_limits_per_key"]  # the later one
+    assert rollback_migrations(blank_dsn, count=2) == [  # the later ones
+        "0018_limits_skip_blocked_runs",
+        "0017_limits_per_key",
+    ]
     compact, compact_schema = _window_refusals(blank_dsn), schema(blank_dsn)
     assert rollback_migrations(blank_dsn, count=1) == ["0012_compact_time_checks"]
     verbose = _window_refusals(blank_dsn)
@@ -446,8 +451,12 @@ def test_0012_refuses_exactly_what_0003s_time_window_refused_and_rolls_back_exac
         "0011_run_waiters",
         "0012_compact_time_checks",
         "0017_limits_per_key",
+        "0018_limits_skip_blocked_runs",
     ]
-    assert rollback_migrations(blank_dsn, count=1) == ["0017_limits_per_key"]
+    assert rollback_migrations(blank_dsn, count=2) == [
+        "0018_limits_skip_blocked_runs",
+        "0017_limits_per_key",
+    ]
     assert schema(blank_dsn) == compact_schema
     assert rollback_migrations(blank_dsn, count=1) == ["0012_compact_time_checks"]
     assert schema(blank_dsn) == rolled_back
