@@ -15,7 +15,7 @@ from itertools import pairwise
 from typing import Final, NamedTuple
 
 from agent_runs.display import escape
-from agent_runs.models import AgentRun, AttemptOutcome, RunAttempt, RunStatus
+from agent_runs.models import AgentRun, AttemptOutcome, KeyLimit, RunAttempt, RunStatus
 
 LEGACY: Final = "legacy: no facts recorded"
 LEASE_EXPIRED_ERROR: Final = "worker_lease_expired"
@@ -31,8 +31,31 @@ class Explanation(NamedTuple):
     text: str
 
 
-def explain_run(run: AgentRun, attempts: Sequence[RunAttempt]) -> Explanation:
-    """Explain `run.status` from `attempts` (the run's whole history, any order)."""
+def explain_run(
+    run: AgentRun, attempts: Sequence[RunAttempt], *, key_limit: KeyLimit | None = None
+) -> Explanation:
+    """Explain `run.status` from `attempts` (the run's whole history, any order); `key_limit`,
+    the limit of the run's concurrency key, says whether a waiting run waits for its key."""
+    explanation = _explain(run, attempts)
+    waiting = run.status == RunStatus.PENDING or (
+        run.status == RunStatus.CANCEL_REQUESTED and run.worker_id is None
+    )
+    if (
+        explanation.explained
+        and waiting
+        and key_limit is not None
+        and key_limit.concurrency_key == run.concurrency_key
+        and key_limit.running >= key_limit.max_running
+    ):
+        return Explanation(
+            True,
+            f"{explanation.text}; waiting for its key {escape(key_limit.concurrency_key)} "
+            f"({key_limit.running} running, limit {key_limit.max_running})",
+        )
+    return explanation
+
+
+def _explain(run: AgentRun, attempts: Sequence[RunAttempt]) -> Explanation:
     ordered = sorted(attempts, key=lambda a: a.attempt_no)
     problem = _shape_problem(run) or _history_problem(run, ordered)
     if problem is not None:

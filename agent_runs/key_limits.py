@@ -52,14 +52,16 @@ class KeyLimits:
             yield Execute(statement("set_limit.gate"), params)
             return rows
 
-        [row] = yield Transaction(save())
-        waiting: list[Row] = yield Execute(statement("list_limits.one"), params)
-        return KeyLimit(
-            concurrency_key=row["concurrency_key"],
-            max_running=int(row["max_running"]),
-            running=int(row["running"]),
-            waiting=int(waiting[0]["waiting"]) if waiting else 0,
-        )
+        yield Transaction(save())
+        [row] = yield Execute(statement("get_limit"), params)
+        return _limit_of(row)
+
+    @planned
+    def get_limit(self, concurrency_key: str) -> Plan[KeyLimit | None]:
+        """The key's limit, runs counted now and runs waiting; None when it has no limit."""
+        params = {"concurrency_key": check.concurrency_key(concurrency_key)}
+        rows: list[Row] = yield Execute(statement("get_limit"), params)
+        return _limit_of(rows[0]) if rows else None
 
     @planned
     def delete_limit(self, concurrency_key: str) -> Plan[bool]:

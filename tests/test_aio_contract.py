@@ -41,6 +41,7 @@ from tests.test_limits import (  # noqa: F401 - collected here with this module'
     test_mark_running_on_a_run_whose_key_is_full_is_refused_writing_nothing,
     test_raising_deleting_and_pausing_a_limit_take_effect_at_the_next_claim,
     test_runs_are_listed_by_key_and_created_with_it_in_batches,
+    test_the_explanation_of_a_run_waiting_for_its_key_says_so,
 )
 from tests.test_operations import (  # noqa: F401 - collected here with this module's repo
     listed,

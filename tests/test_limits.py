@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from agent_runs import AgentRunRepository, Finish, InvalidArgument, KeyLimit, RunStatus
+from agent_runs.explain import explain_run
 from tests.helpers import everything, new_run
 
 Conn = psycopg.Connection[Any]
@@ -256,3 +257,25 @@ def test_a_claim_never_reads_the_runs_of_a_full_key(
     assert repo.delete_limit("busy")
     assert repo.claim_next(worker_id="w-6", lease_seconds=LEASE).id == early[3].id  # type: ignore[union-attr]
     assert late[0].id in {r.id for r in repo.list_runs(concurrency_key="busy", limit=100)}
+
+
+def test_the_explanation_of_a_run_waiting_for_its_key_says_so(repo: AgentRunRepository) -> None:
+    repo.set_limit("user:g", 1)
+    first = new_run(repo, concurrency_key="user:g")
+    waiting = new_run(repo, concurrency_key="user:g")
+    running = repo.claim_next(worker_id="w-1", lease_seconds=LEASE)
+    assert running is not None and running.id == first.id
+    limit = repo.get_limit("user:g")
+    assert limit == KeyLimit("user:g", 1, 1, 1)
+    text = explain_run(waiting, [], key_limit=limit).text
+    assert text == (
+        "pending: waiting for its first attempt; waiting for its key user:g (1 running, limit 1)"
+    )
+    attempts = repo.list_run_attempts(first.id)
+    assert "waiting for its key" not in explain_run(running, attempts, key_limit=limit).text
+    repo.set_terminal_status(first.id, status="completed", worker_id="w-1")
+    freed = repo.get_limit("user:g")
+    assert (
+        explain_run(waiting, [], key_limit=freed).text == "pending: waiting for its first attempt"
+    )
+    assert repo.get_limit("user:none") is None

@@ -77,5 +77,6 @@ class AsyncAgentRunRepository(AsyncDriver):
     prune_batches = _stream(Sync.prune_batches)
     # limits per key
     set_limit = _coroutine(Sync.set_limit)
+    get_limit = _coroutine(Sync.get_limit)
     delete_limit = _coroutine(Sync.delete_limit)
     list_limits = _coroutine(Sync.list_limits)

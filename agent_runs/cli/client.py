@@ -79,7 +79,9 @@ def cmd_attempts(args: argparse.Namespace) -> int:
         if run is None:
             raise UsageError(f"no run with id {args.run_id!r}")
         attempts = repo.list_run_attempts(run.id)
-    explanation = explain_run(run, attempts)
+        key = run.concurrency_key
+        key_limit = None if key is None or run.is_terminal else repo.get_limit(key)
+    explanation = explain_run(run, attempts, key_limit=key_limit)
     if args.json:
         print(json.dumps(history_json(run, attempts, explanation), indent=2, ensure_ascii=False))
     else:
