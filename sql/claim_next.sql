@@ -9,7 +9,7 @@ WITH clock AS (
 ),
 candidate AS (
     -- Read in ix_agent_runs_claimable order: no sort of the backlog.
-    SELECT r.id
+    SELECT r.id, r.concurrency_key
     FROM agent_runs r
     WHERE (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
       AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
@@ -25,9 +25,8 @@ candidate AS (
 ),
 -- limits per key: the candidate's limit row, locked after the run (sql/README.md, limits).
 keyed AS (
-    SELECT k.id, k.concurrency_key, 1 AS rank
-    FROM agent_runs k
-    WHERE k.id = (SELECT id FROM candidate) AND k.concurrency_key IS NOT NULL
+    SELECT c.id, c.concurrency_key, 1 AS rank
+    FROM candidate c WHERE c.concurrency_key IS NOT NULL
 ),
 key_slots AS (
     SELECT l.concurrency_key, l.max_running - l.running AS free

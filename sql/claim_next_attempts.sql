@@ -8,7 +8,7 @@ WITH clock AS (
 ),
 candidate AS (
     -- Read in ix_agent_runs_claimable order: no sort of the backlog.
-    SELECT r.id, r.created_at
+    SELECT r.id, r.created_at, r.concurrency_key
     FROM agent_runs r
     WHERE (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
       AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
@@ -25,10 +25,9 @@ candidate AS (
 -- limits per key: the candidates' limit rows, locked after the runs and in key order
 -- (sql/README.md, limits); a key admits its candidates in claim order while it has slots.
 keyed AS (
-    SELECT k.id, k.concurrency_key,
-           row_number() OVER (PARTITION BY k.concurrency_key ORDER BY k.created_at, k.id) AS rank
-    FROM agent_runs k
-    WHERE k.id = ANY (ARRAY(SELECT id FROM candidate)) AND k.concurrency_key IS NOT NULL
+    SELECT c.id, c.concurrency_key,
+           row_number() OVER (PARTITION BY c.concurrency_key ORDER BY c.created_at, c.id) AS rank
+    FROM candidate c WHERE c.concurrency_key IS NOT NULL
 ),
 key_slots AS (
     SELECT l.concurrency_key, l.max_running - l.running AS free

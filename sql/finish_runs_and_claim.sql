@@ -63,7 +63,7 @@ candidate AS (
     -- claim_next_attempts' claim from here on, for no more slots than runs finished above (a
     -- refused end keeps its slot until it is written alone). The finished runs were running:
     -- never candidates, so the two halves touch different rows.
-    SELECT r.id, r.created_at
+    SELECT r.id, r.created_at, r.concurrency_key
     FROM agent_runs r
     WHERE (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
       AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
@@ -84,10 +84,9 @@ candidate AS (
 -- limits per key: the candidates' limit rows, locked after the runs and in key order
 -- (sql/README.md, limits); a key admits its candidates in claim order while it has slots.
 keyed AS (
-    SELECT k.id, k.concurrency_key,
-           row_number() OVER (PARTITION BY k.concurrency_key ORDER BY k.created_at, k.id) AS rank
-    FROM agent_runs k
-    WHERE k.id = ANY (ARRAY(SELECT id FROM candidate)) AND k.concurrency_key IS NOT NULL
+    SELECT c.id, c.concurrency_key,
+           row_number() OVER (PARTITION BY c.concurrency_key ORDER BY c.created_at, c.id) AS rank
+    FROM candidate c WHERE c.concurrency_key IS NOT NULL
 ),
 key_slots AS (
     -- A slot that this statement's own ends free may be taken by its claims.
