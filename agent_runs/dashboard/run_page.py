@@ -62,6 +62,8 @@ def run_page(request: Request) -> Response:
         children = data.children(reader, run_id)
         tree = data.tree(reader, run_id, data.TREE_ON_RUN_PAGE + 1)
         recovery = data.in_recovery(reader)
+        key = run.concurrency_key  # a waiting run's explanation says when its key is full
+        key_limit = None if key is None or run.is_terminal else reader.repo.get_limit(key)
     last_owner = attempts[-1].worker_id if attempts else run.worker_id
     shown = attempts[-ATTEMPTS_SHOWN:]
     return page(
@@ -75,7 +77,7 @@ def run_page(request: Request) -> Response:
             "attempts": shown,
             "earlier_attempts": len(attempts) - len(shown),
             "live_page": True,
-            "explanation": explain_run(run, attempts),
+            "explanation": explain_run(run, attempts, key_limit=key_limit),
             "timeline": attempt_timeline(shown, now),
             "parent": parent,
             "parent_missing": run.created_by_run_id is not None and parent is None,
