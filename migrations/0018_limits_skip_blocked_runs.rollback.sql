@@ -1,6 +1,8 @@
 -- Back to 0017: claims pass over a full key's runs in the claim index (rebuilt without
 -- `AND NOT key_waiting`), the counter without the gate.
 
+DROP TRIGGER agent_run_limits_regate_update ON agent_runs;
+DROP FUNCTION agent_run_limits_regate();
 DROP TRIGGER agent_run_limits_park_insert ON agent_runs;
 DROP FUNCTION agent_run_limits_park_new();
 

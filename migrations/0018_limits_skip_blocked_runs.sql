@@ -13,7 +13,8 @@
 -- - slots free: up to that many of its oldest parked runs back in the claim index (so a freed
 --   slot is taken in the key's order); no limit any more: all of them back.
 -- A run created while its key is full is parked by a BEFORE INSERT trigger that holds the key
--- row FOR SHARE until commit (so the end that frees a slot waits, then sees it). Every lock
+-- row FOR SHARE until commit (so the end that frees a slot waits, then sees it); a parked run
+-- made pending again by a requeue or a raw UPDATE has its key gated again. Every lock
 -- these take on runs is SKIP LOCKED: a run another transaction holds is left as it is, and the
 -- claims' anti-join against full keys still passes over it (a few rows, never the backlog).
 --
@@ -144,3 +145,21 @@ CREATE TRIGGER agent_run_limits_park_insert
     FOR EACH ROW
     WHEN (NEW.concurrency_key IS NOT NULL AND NEW.status = 'pending')
     EXECUTE FUNCTION agent_run_limits_park_new();
+
+CREATE FUNCTION agent_run_limits_regate() RETURNS trigger
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    -- The key row first (shared), so an end freeing a slot waits for this and sees the run.
+    PERFORM FROM agent_run_limits l WHERE l.concurrency_key = NEW.concurrency_key FOR SHARE;
+    PERFORM agent_run_limits_gate(NEW.concurrency_key);
+    RETURN NULL;
+END;
+$$;
+
+-- A parked run that becomes pending again by another way than a claim's end (a requeue, a raw
+-- UPDATE): its key is gated again, so it is never left parked while its key has a free slot.
+CREATE TRIGGER agent_run_limits_regate_update
+    AFTER UPDATE OF status ON agent_runs
+    FOR EACH ROW
+    WHEN (NEW.key_waiting AND NEW.status = 'pending' AND OLD.status <> 'pending')
+    EXECUTE FUNCTION agent_run_limits_regate();

@@ -33,6 +33,7 @@ from tests.test_limits import (  # noqa: F401 - collected here with this module'
     test_a_batched_claim_admits_a_key_only_up_to_its_free_slots_in_claim_order,
     test_a_claim_never_reads_the_runs_of_a_full_key,
     test_a_lowered_limit_admits_nobody_until_the_count_is_below_it,
+    test_a_parked_run_made_pending_again_by_another_writer_is_never_stuck_parked,
     test_a_run_of_a_full_key_keeps_its_place_and_is_claimed_in_order_when_a_slot_frees,
     test_bad_keys_and_limits_are_refused_by_name_writing_nothing,
     test_every_transition_out_of_the_counted_states_frees_the_slot,

@@ -279,3 +279,20 @@ def test_the_explanation_of_a_run_waiting_for_its_key_says_so(repo: AgentRunRepo
         explain_run(waiting, [], key_limit=freed).text == "pending: waiting for its first attempt"
     )
     assert repo.get_limit("user:none") is None
+
+
+def test_a_parked_run_made_pending_again_by_another_writer_is_never_stuck_parked(
+    repo: AgentRunRepository, observer: Conn
+) -> None:
+    repo.set_limit("k-requeue", 1)
+    first = new_run(repo, concurrency_key="k-requeue")
+    parked = new_run(repo, concurrency_key="k-requeue")
+    assert repo.claim_next(worker_id="w-1", lease_seconds=LEASE).id == first.id  # type: ignore[union-attr]
+    repo.request_cancel(parked.id)  # cancelled while parked
+    repo.set_terminal_status(first.id, status="completed", worker_id="w-1")
+    # A requeue (another module's, or an operator's raw SQL) makes it pending again.
+    observer.execute(
+        "UPDATE agent_runs SET status = 'pending', finished_at = NULL WHERE id = %s", (parked.id,)
+    )
+    claimed = repo.claim_next(worker_id="w-2", lease_seconds=LEASE)
+    assert claimed is not None and claimed.id == parked.id
