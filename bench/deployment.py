@@ -79,7 +79,7 @@ def deployment_targets(results: dict[str, Any]) -> list[Target]:
     if "blocked_over_no_limits" in limits:
         found.append(
             Target(
-                "claim with 100,000 runs of full keys ahead ÷ with no limits, p50",
+                "claim with the runs of full keys ahead ÷ with no limits, p50",
                 limits["blocked_over_no_limits"],
                 2.0,
                 False,

@@ -120,14 +120,17 @@ def _claim_timer(conn: psycopg.Connection[Any], sql: str, first: str) -> Callabl
 
 
 def _p50_ms(timers: dict[str, Callable[[], float]], claims: int) -> dict[str, float]:
-    """Each timer's median over `claims` calls, the timers interleaved call by call."""
+    """Each timer's median over `claims` calls, the timers interleaved call by call, their
+    order reversed each round."""
     for timer in timers.values():  # warm-up: prepare, caches
         for _ in range(10):
             timer()
     taken: dict[str, list[float]] = {name: [] for name in timers}
+    order = list(timers)
     for _ in range(claims):
-        for name, timer in timers.items():
-            taken[name].append(timer())
+        order.reverse()  # no timer always runs right after another one
+        for name in order:
+            taken[name].append(timers[name]())
     return {name: statistics.median(values) * 1000 for name, values in taken.items()}
 
 
