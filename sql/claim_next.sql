@@ -24,25 +24,17 @@ candidate AS (
     FOR UPDATE SKIP LOCKED
 ),
 -- limits per key: the candidate's limit row, locked after the run (sql/README.md, limits).
-keyed AS (
-    SELECT c.id, c.concurrency_key, 1 AS rank
-    FROM candidate c WHERE c.concurrency_key IS NOT NULL
-),
 key_slots AS (
-    SELECT l.concurrency_key, l.max_running - l.running AS free
+    SELECT l.max_running - l.running AS free
     FROM agent_run_limits l
-    WHERE l.concurrency_key = (SELECT concurrency_key FROM keyed)
+    WHERE l.concurrency_key = (SELECT concurrency_key FROM candidate)
     FOR UPDATE
-),
-over_limit AS (
-    SELECT keyed.id FROM keyed JOIN key_slots USING (concurrency_key)
-    WHERE keyed.rank > key_slots.free
 ),
 lease AS (
     SELECT candidate.id, clock.now,
            clock.now + make_interval(secs => %(lease_seconds)s::float8) AS expires_at
     FROM candidate, clock
-    WHERE NOT EXISTS (SELECT FROM over_limit)  -- limits per key
+    WHERE coalesce((SELECT free FROM key_slots), 1) > 0  -- limits per key
 ),
 expired AS (
     UPDATE agent_run_attempts a
