@@ -95,7 +95,8 @@ key_slots AS (
            + (SELECT count(*) FROM finished JOIN locked USING (id)
               WHERE locked.concurrency_key = l.concurrency_key) AS free
     FROM agent_run_limits l
-    WHERE l.concurrency_key IN (SELECT k.concurrency_key FROM keyed k UNION SELECT locked.concurrency_key FROM locked)
+    WHERE l.concurrency_key IN (SELECT k.concurrency_key FROM keyed k
+                                UNION SELECT locked.concurrency_key FROM locked)
     ORDER BY l.concurrency_key
     FOR UPDATE
 ),
