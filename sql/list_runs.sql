@@ -1,7 +1,7 @@
 -- list_runs: one page of runs, newest first by (created_at, id), after the keyset cursor.
--- from: any run matching every non-NULL filter: statuses, agent slug, thread, uid, key, worker identity
---       (an attempt's owner token without its last ':' part), created since, stuck (an expired
---       live lease not reconciled yet, or pending longer than stuck_after_seconds)
+-- from: any run matching every non-NULL filter: statuses, agent slug, thread, uid, key, worker
+--       identity (an attempt's owner token without its last ':' part), created since, stuck
+--       (an expired live lease not reconciled yet, or pending longer than stuck_after_seconds)
 -- to:   nothing (read only)
 -- returns: at most limit runs, each with its attempt count and its last attempt's owner token;
 --          with documents false, input_payload, error_message, manifest and trace_context are
