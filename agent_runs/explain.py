@@ -15,13 +15,15 @@ from itertools import pairwise
 from typing import Final, NamedTuple
 
 from agent_runs.display import escape
+from agent_runs.explain_key import key_wait_text
 from agent_runs.explain_policy import (
     EXHAUSTED_ERRORS,
     requeued_between,
     requeues_text,
     retried_text,
 )
-from agent_runs.models import AgentRun, AttemptOutcome, RunAttempt, RunStatus
+from agent_runs.explain_resume import resumes_text
+from agent_runs.models import AgentRun, AttemptOutcome, KeyLimit, RunAttempt, RunStatus
 from agent_runs.policies import RunPolicy, RunRequeue
 
 LEGACY: Final = "legacy: no facts recorded"
@@ -43,9 +45,26 @@ def explain_run(
     attempts: Sequence[RunAttempt],
     requeues: Sequence[RunRequeue] = (),
     policy: RunPolicy | None = None,
+    *,
+    key_limit: KeyLimit | None = None,
 ) -> Explanation:
     """Explain `run.status` from `attempts` (the run's whole history, any order) and its
-    `requeues`; `policy` (the agent's current one) only adds "of N" to a scheduled attempt."""
+    `requeues`; `policy` (the agent's current one) only adds "of N" to a scheduled attempt;
+    `key_limit`, the limit of the run's concurrency key, says whether a waiting run waits for
+    its key."""
+    explanation = _explain(run, attempts, requeues, policy)
+    waiting_for_key = key_wait_text(run, key_limit) if explanation.explained else None
+    if waiting_for_key is None:
+        return explanation
+    return Explanation(True, explanation.text + waiting_for_key)
+
+
+def _explain(
+    run: AgentRun,
+    attempts: Sequence[RunAttempt],
+    requeues: Sequence[RunRequeue],
+    policy: RunPolicy | None,
+) -> Explanation:
     ordered = sorted(attempts, key=lambda a: a.attempt_no)
     requeued = sorted(requeues, key=lambda q: (q.requeued_at, q.id))
     problem = _shape_problem(run) or _history_problem(run, ordered, requeued)
@@ -325,28 +344,8 @@ def _ok(
 ) -> Explanation:
     earlier = summarize_attempts(attempts[:-1])
     suffix = f" (earlier: {earlier})" if earlier else ""
-    said = f"{run.status}: {reason}{suffix}{_resumes(attempts)}{requeues_text(requeues)}"
+    said = f"{run.status}: {reason}{suffix}{resumes_text(attempts)}{requeues_text(requeues)}"
     return Explanation(True, said)
-
-
-# How an attempt that another resumed ended, in the resume's sentence.
-_LEFT_OFF: Final = {
-    AttemptOutcome.LEASE_EXPIRED: "lost its lease",
-    AttemptOutcome.RETRY_RELEASED: "was released for retry",
-}
-
-
-def _resumes(attempts: list[RunAttempt]) -> str:
-    """`; attempt 2 resumed at step 4 after attempt 1 lost its lease` for each resumed one."""
-    said = []
-    for before, attempt in pairwise(attempts):
-        if attempt.resumed_from is not None:
-            left = _LEFT_OFF.get(before.outcome, f"ended {before.outcome}")  # type: ignore[arg-type]
-            said.append(
-                f"attempt {attempt.attempt_no} resumed at step {attempt.resumed_step} after "
-                f"attempt {before.attempt_no} {left}"
-            )
-    return "".join(f"; {text}" for text in said)
 
 
 # Consecutive attempts alike (same outcome and error type) from this many on are one entry.

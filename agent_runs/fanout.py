@@ -38,6 +38,7 @@ _OPTIONAL: Final = (
     "run_id",
     "priority",
     "available_at",
+    "concurrency_key",
 )
 _ARGUMENTS: Final = frozenset(_REQUIRED + _OPTIONAL)
 # A refusal the database gives while the cause has moved on (a concurrent creator committed
@@ -58,6 +59,7 @@ class _Item:
     input_payload: dict[str, Any]
     priority: int = 0
     available_at: datetime | None = None
+    concurrency_key: str | None = None
 
     @property
     def thread(self) -> tuple[str, str, str]:
@@ -93,6 +95,7 @@ def _item(index: int, value: object) -> _Item:
             input_payload=check.json_object("input_payload", {} if payload is None else payload),
             priority=check.priority(value.get("priority", 0)),
             available_at=check.available_at(value.get("available_at")),
+            concurrency_key=check.optional_concurrency_key(value.get("concurrency_key")),
         )
     except InvalidArgument as exc:
         raise InvalidArgument(f"items[{index}]: {exc}") from None
@@ -156,6 +159,7 @@ def _params(sent: list[_Item]) -> dict[str, Any]:
         "uids": [i.uid for i in sent],
         "run_types": [i.run_type for i in sent],
         "created_by_run_ids": [i.created_by_run_id for i in sent],
+        "concurrency_keys": [i.concurrency_key for i in sent],
         "input_payloads": Jsonb([i.input_payload for i in sent]),
         "priorities": [i.priority for i in sent],
         "available_ats": [i.available_at for i in sent],

@@ -70,6 +70,8 @@ class AgentRun:
     priority: int = 0
     # Claimable once available_at <= now; its creation time unless delayed.
     available_at: datetime | None = None
+    # The key a concurrency limit applies to (agent_run_limits), None: never limited.
+    concurrency_key: str | None = None
 
     def __post_init__(self) -> None:
         if type(self.status) is not RunStatus:
@@ -143,3 +145,13 @@ class Transition(NamedTuple):
 
     run: AgentRun | None
     changed: bool
+
+
+class KeyLimit(NamedTuple):
+    """One row of agent_run_limits as list_limits reads it: the key, its limit, its runs counted
+    now (running, or cancel_requested with an owner) and its runs waiting (pending)."""
+
+    concurrency_key: str
+    max_running: int
+    running: int
+    waiting: int

@@ -129,6 +129,7 @@ class OperatorQueries:
         limit: int = 50,
         before: str | None = None,
         now: datetime | None = None,
+        concurrency_key: str | None = None,
     ) -> Plan[list[AgentRun]]:
         """Runs newest first by (created_at, id), every given filter applied; `before` is the
         cursor of the previous page's last run (`runs_cursor`).
@@ -149,6 +150,7 @@ class OperatorQueries:
             limit=limit,
             before=before,
             now=now,
+            concurrency_key=concurrency_key,
         )
         return [run_of(row) for row in rows]
 
@@ -281,6 +283,7 @@ def _list_rows(*, documents: bool = True, **filters: Unpack[RunFilters]) -> Plan
         "before_id": before_id,
         "now": check.now(filters.get("now")),
         "documents": documents,
+        "concurrency_key": check.optional_concurrency_key(filters.get("concurrency_key")),
     }
     rows: list[Row] = yield Execute(statement("list_runs"), params)
     return rows

@@ -24,6 +24,7 @@ class RunFilters(TypedDict, total=False):
     limit: int
     before: str | None
     now: datetime | None
+    concurrency_key: str | None
 
 
 @dataclass(frozen=True, slots=True)

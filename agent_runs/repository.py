@@ -28,6 +28,7 @@ from agent_runs.errors import (
 )
 from agent_runs.fanout import RunBatches
 from agent_runs.ids import new_run_id
+from agent_runs.key_limits import KeyLimits
 from agent_runs.lean import LeanTransitions
 from agent_runs.models import AgentRun, Claim, RunAttempt, RunStatus, Transition
 from agent_runs.operations import OperatorQueries
@@ -40,7 +41,7 @@ __all__ = ["LEASE_EXPIRED_MESSAGE", "AgentRunRepository", "new_run_id"]
 
 
 class AgentRunRepository(
-    RecoveryTransitions, OperatorQueries, LeanTransitions, RunBatches, SyncDriver
+    RecoveryTransitions, OperatorQueries, LeanTransitions, RunBatches, KeyLimits, SyncDriver
 ):
     """The data access object for agent_runs and agent_run_attempts over one psycopg connection.
 
@@ -66,12 +67,14 @@ class AgentRunRepository(
         run_id: str | None = None,
         priority: int = 0,
         available_at: datetime | None = None,
+        concurrency_key: str | None = None,
     ) -> Plan[AgentRun]:
         """Create a pending run; the same request_id again returns the existing run.
 
         Claims take the lowest priority (0-9) first; the run is claimable from available_at
         (None: now). Raises ThreadBusy when another non-terminal run exists on
-        (uid, agent_slug, thread_id).
+        (uid, agent_slug, thread_id). concurrency_key: the key whose limit (set_limit) this
+        run counts against, if any.
         """
         params = {
             "thread_id": check.identifier("thread_id", thread_id),
@@ -87,6 +90,7 @@ class AgentRunRepository(
             "trace_context": None,
             "priority": check.priority(priority),
             "available_at": check.available_at(available_at),
+            "concurrency_key": check.optional_concurrency_key(concurrency_key),
         }
         if params["created_by_run_id"] is not None and params["created_by_run_id"] == run_id:
             raise InvalidArgument(

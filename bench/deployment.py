@@ -12,6 +12,7 @@ from bench import (
     fanout_phase,
     heartbeat_scale_phase,
     langgraph_phase,
+    limits_phase,
     operator_phase,
     pickup_phase,
     pooler_phase,
@@ -33,6 +34,7 @@ DEPLOYMENT_PHASES: Final = (
     ("drain", drain_phase),
     ("fanout", fanout_phase),
     ("langgraph", langgraph_phase),
+    ("limits", limits_phase),
 )
 
 
@@ -75,6 +77,35 @@ def deployment_targets(results: dict[str, Any]) -> list[Target]:
     if "idle_load" in pickup:
         load = pickup["idle_load"]["round_trips_per_s"]
         found.append(Target("idle worker process, round trips/s", load, 0.4, False, "/s"))
+    limits = results.get("limits", {})
+    if "blocked_over_no_limits" in limits:
+        found.append(
+            Target(
+                "claim with the runs of full keys ahead ÷ with no limits, p50",
+                limits["blocked_over_no_limits"],
+                2.0,
+                False,
+                "x",
+            )
+        )
+        found.append(
+            Target(
+                "claim of an unlimited run ÷ the claim without limits per key, p50",
+                limits["unlimited_over_without_limits_sql"],
+                1.1,
+                False,
+                "x",
+            )
+        )
+        found.append(
+            Target(
+                "HOT lease renewals of keyed runs",
+                limits["keyed_renewals_hot_ratio"],
+                0.9,
+                True,
+                "%",
+            )
+        )
     operator = results.get("operator", {})
     for name, timing in operator.get("listings", {}).items():
         found.append(Target(f"runs listing by {name}, p50", timing["p50_ms"], 20.0, False, " ms"))

@@ -9,10 +9,10 @@ WITH clock AS (
 candidate AS (
     -- One priority after the other, each read in ix_agent_runs_claimable order up to now: runs
     -- scheduled for later are never read, the backlog is never sorted.
-    SELECT c.id, c.priority, c.available_at
+    SELECT c.id, c.priority, c.available_at, c.concurrency_key
     FROM (VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9)) AS p (priority)
     CROSS JOIN LATERAL (
-        SELECT r.id, r.priority, r.available_at
+        SELECT r.id, r.priority, r.available_at, r.concurrency_key
         FROM agent_runs r
         WHERE r.priority = p.priority
           -- available by the given clock or the database's, whichever is later
@@ -20,11 +20,35 @@ candidate AS (
           AND (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
           AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
                    ELSE r.agent_slug = ANY (%(agent_slugs)s::text[]) END
+          -- limits per key: a run of a key at its limit is passed over, keeping its place.
+          AND NOT r.key_waiting
+          AND (r.concurrency_key IS NULL OR NOT EXISTS (
+              SELECT FROM agent_run_limits l
+              WHERE l.concurrency_key = r.concurrency_key AND l.running >= l.max_running))
         ORDER BY r.available_at, r.id
         LIMIT cardinality(%(worker_ids)s::text[])
         FOR UPDATE SKIP LOCKED
     ) AS c
     LIMIT cardinality(%(worker_ids)s::text[])
+),
+-- limits per key: the candidates' limit rows, locked after the runs and in key order
+-- (sql/README.md, limits); a key admits its candidates in claim order while it has slots.
+keyed AS (
+    SELECT c.id, c.concurrency_key,
+           row_number() OVER (PARTITION BY c.concurrency_key
+                               ORDER BY c.priority, c.available_at, c.id) AS rank
+    FROM candidate c WHERE c.concurrency_key IS NOT NULL
+),
+key_slots AS (
+    SELECT l.concurrency_key, l.max_running - l.running AS free
+    FROM agent_run_limits l
+    WHERE l.concurrency_key IN (SELECT k.concurrency_key FROM keyed k)
+    ORDER BY l.concurrency_key
+    FOR UPDATE
+),
+over_limit AS (
+    SELECT keyed.id FROM keyed JOIN key_slots USING (concurrency_key)
+    WHERE keyed.rank > key_slots.free
 ),
 lease AS (
     SELECT c.id, owner.worker_id, clock.now,
@@ -33,6 +57,7 @@ lease AS (
           FROM candidate) AS c
     JOIN unnest(%(worker_ids)s::text[]) WITH ORDINALITY AS owner (worker_id, n) USING (n)
     CROSS JOIN clock
+    WHERE NOT EXISTS (SELECT FROM over_limit WHERE over_limit.id = c.id)  -- limits per key
 ),
 expired AS (
     UPDATE agent_run_attempts a

@@ -8,14 +8,15 @@
 WITH created AS (
     INSERT INTO agent_runs (
         id, request_id, thread_id, agent_slug, uid, run_type, created_by_run_id, input_payload,
-        trace_context, priority, available_at
+        trace_context, priority, available_at, concurrency_key
     )
     VALUES (
         %(run_id)s, %(request_id)s, %(thread_id)s, %(agent_slug)s, %(uid)s, %(run_type)s,
         %(created_by_run_id)s, %(input_payload)s, %(trace_context)s::jsonb,
         %(priority)s::smallint,
         -- not delayed: its creation time (now(), as created_at): FIFO stays as it was
-        coalesce(%(available_at)s::timestamptz, now())
+        coalesce(%(available_at)s::timestamptz, now()),
+        %(concurrency_key)s::text
     )
     ON CONFLICT (request_id) DO NOTHING
     RETURNING *

@@ -15,10 +15,11 @@ items AS (
                 (SELECT %(thread_ids)s::text[]), (SELECT %(agent_slugs)s::text[]),
                 (SELECT %(uids)s::text[]), (SELECT %(run_types)s::text[]),
                 (SELECT %(created_by_run_ids)s::text[]), (SELECT %(priorities)s::smallint[]),
-                (SELECT %(available_ats)s::timestamptz[]))
+                (SELECT %(available_ats)s::timestamptz[]),
+                (SELECT %(concurrency_keys)s::text[]))
          WITH ORDINALITY
          AS i (id, request_id, thread_id, agent_slug, uid, run_type, created_by_run_id,
-               priority, available_at, ord)
+               priority, available_at, concurrency_key, ord)
     JOIN jsonb_array_elements((SELECT %(input_payloads)s::jsonb)) WITH ORDINALITY
          AS p (input_payload, ord) ON p.ord = i.ord
     -- Each item's trace context: no array without telemetry, a JSON null without a valid span.
@@ -30,10 +31,10 @@ created AS (
     -- end of the statement, when every row of it is in.
     INSERT INTO agent_runs (
         id, request_id, thread_id, agent_slug, uid, run_type, created_by_run_id, input_payload,
-        trace_context, priority, available_at
+        trace_context, priority, available_at, concurrency_key
     )
     SELECT id, request_id, thread_id, agent_slug, uid, run_type, created_by_run_id, input_payload,
-           trace_context, priority, coalesce(available_at, now())
+           trace_context, priority, coalesce(available_at, now()), concurrency_key
     FROM items
     -- In request_id order: two batches sharing requests wait for each other's uncommitted
     -- request_ids in one order, never in a cycle.

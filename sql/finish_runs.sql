@@ -20,11 +20,19 @@ decided AS (
          AS d (run_id, worker_id, status, error_type, error_message, output)
 ),
 locked AS (
-    SELECT r.id
+    SELECT r.id, r.concurrency_key
     FROM agent_runs r
     -- index lookups, never a walk over live runs
     WHERE r.id = ANY ((SELECT run_ids FROM batch)::text[])
     ORDER BY r.id
+    FOR UPDATE
+),
+-- limits per key: the batch's limit rows, locked after the runs and in key order, before the
+-- counter's trigger updates them at the statement's end (sql/README.md, limits).
+key_slots AS (
+    SELECT l.concurrency_key FROM agent_run_limits l
+    WHERE l.concurrency_key IN (SELECT locked.concurrency_key FROM locked)
+    ORDER BY l.concurrency_key
     FOR UPDATE
 ),
 finished AS (
@@ -62,3 +70,4 @@ notified AS (
 )
 SELECT finished.id, finished.finished_at FROM finished
 WHERE (SELECT count(*) FROM notified) >= 0
+  AND (SELECT count(*) FROM key_slots) >= 0  -- limits per key

@@ -20,7 +20,7 @@ decided AS (
          AS d (run_id, worker_id, status, error_type, error_message, output)
 ),
 locked AS (
-    SELECT r.id
+    SELECT r.id, r.concurrency_key
     FROM agent_runs r
     -- index lookups, never a walk over live runs
     WHERE r.id = ANY ((SELECT run_ids FROM batch)::text[])
@@ -64,10 +64,10 @@ candidate AS (
     -- claim_next_attempts' claim from here on, for no more slots than runs finished above (a
     -- refused end keeps its slot until it is written alone). The finished runs were running:
     -- never candidates, so the two halves touch different rows.
-    SELECT c.id, c.priority, c.available_at
+    SELECT c.id, c.priority, c.available_at, c.concurrency_key
     FROM (VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9)) AS p (priority)
     CROSS JOIN LATERAL (
-        SELECT r.id, r.priority, r.available_at
+        SELECT r.id, r.priority, r.available_at, r.concurrency_key
         FROM agent_runs r
         WHERE r.priority = p.priority
           -- available by the given clock or the database's, whichever is later
@@ -75,11 +75,44 @@ candidate AS (
           AND (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
           AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
                    ELSE r.agent_slug = ANY (%(agent_slugs)s::text[]) END
+          -- limits per key: a run of a key at its limit is passed over, keeping its place.
+          AND NOT r.key_waiting
+          AND (r.concurrency_key IS NULL OR NOT EXISTS (
+              SELECT FROM agent_run_limits l
+              WHERE l.concurrency_key = r.concurrency_key AND l.running >= l.max_running
+                -- unless this statement's own ends free a slot of it
+                AND l.running - (SELECT count(*) FROM locked
+                                 WHERE locked.concurrency_key = l.concurrency_key)
+                    >= l.max_running))
         ORDER BY r.available_at, r.id
         LIMIT least(cardinality(%(worker_ids)s::text[]), (SELECT count(*) FROM finished))
         FOR UPDATE SKIP LOCKED
     ) AS c
     LIMIT least(cardinality(%(worker_ids)s::text[]), (SELECT count(*) FROM finished))
+),
+-- limits per key: the candidates' limit rows, locked after the runs and in key order
+-- (sql/README.md, limits); a key admits its candidates in claim order while it has slots.
+keyed AS (
+    SELECT c.id, c.concurrency_key,
+           row_number() OVER (PARTITION BY c.concurrency_key
+                               ORDER BY c.priority, c.available_at, c.id) AS rank
+    FROM candidate c WHERE c.concurrency_key IS NOT NULL
+),
+key_slots AS (
+    -- A slot that this statement's own ends free may be taken by its claims.
+    SELECT l.concurrency_key,
+           l.max_running - l.running
+           + (SELECT count(*) FROM finished JOIN locked USING (id)
+              WHERE locked.concurrency_key = l.concurrency_key) AS free
+    FROM agent_run_limits l
+    WHERE l.concurrency_key IN (SELECT k.concurrency_key FROM keyed k
+                                UNION SELECT locked.concurrency_key FROM locked)
+    ORDER BY l.concurrency_key
+    FOR UPDATE
+),
+over_limit AS (
+    SELECT keyed.id FROM keyed JOIN key_slots USING (concurrency_key)
+    WHERE keyed.rank > key_slots.free
 ),
 lease AS (
     SELECT c.id, owner.worker_id, clock.now,
@@ -88,6 +121,7 @@ lease AS (
           FROM candidate) AS c
     JOIN unnest(%(worker_ids)s::text[]) WITH ORDINALITY AS owner (worker_id, n) USING (n)
     CROSS JOIN clock
+    WHERE NOT EXISTS (SELECT FROM over_limit WHERE over_limit.id = c.id)  -- limits per key
 ),
 expired AS (
     UPDATE agent_run_attempts a
@@ -132,6 +166,7 @@ ends AS (
            coalesce(array_agg(finished_at ORDER BY id), '{}') AS finished_ats
     FROM finished
     WHERE (SELECT count(*) FROM notified) >= 0
+      AND (SELECT count(*) FROM key_slots) >= 0  -- limits per key: the batch's keys locked
 )
 SELECT claimed.*, ends.finished_ids, ends.finished_ats
 FROM ends LEFT JOIN claimed ON true

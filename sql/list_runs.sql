@@ -1,7 +1,7 @@
 -- list_runs: one page of runs, newest first by (created_at, id), after the keyset cursor.
--- from: any run matching every non-NULL filter: statuses, agent slug, thread, uid, worker identity
---       (an attempt's owner token without its last ':' part), created since, stuck (an expired
---       live lease not reconciled yet, or pending longer than stuck_after_seconds)
+-- from: any run matching every non-NULL filter: statuses, agent slug, thread, uid, key, worker
+--       identity (an attempt's owner token without its last ':' part), created since, stuck
+--       (an expired live lease not reconciled yet, or pending longer than stuck_after_seconds)
 -- to:   nothing (read only)
 -- returns: at most limit runs, each with its attempt count and its last attempt's owner token;
 --          with documents false, input_payload, error_message, manifest and trace_context are
@@ -26,6 +26,7 @@ matching AS NOT MATERIALIZED (
       AND (%(agent_slug)s::text IS NULL OR r.agent_slug = %(agent_slug)s::text)
       AND (%(thread_id)s::text IS NULL OR r.thread_id = %(thread_id)s::text)
       AND (%(uid)s::text IS NULL OR r.uid = %(uid)s::text)
+      AND (%(concurrency_key)s::text IS NULL OR r.concurrency_key = %(concurrency_key)s::text)
       AND r.created_at >= coalesce(
               %(since_at)s::timestamptz,
               (SELECT now FROM clock) - make_interval(secs => %(since_seconds)s::float8),
@@ -84,6 +85,7 @@ SELECT page.id, page.request_id, page.thread_id, page.agent_slug, page.uid, page
        page.priority, page.available_at,
        -- a listing never reads a run's result
        NULL::jsonb AS output,
+       page.concurrency_key,
        (SELECT count(*) FROM agent_run_attempts a WHERE a.run_id = page.id) AS attempt_count,
        (SELECT a.worker_id FROM agent_run_attempts a WHERE a.run_id = page.id
         ORDER BY a.attempt_no DESC LIMIT 1) AS last_worker_id

@@ -15,6 +15,13 @@ locked AS (
     WHERE r.id = %(run_id)s
     FOR UPDATE
 ),
+-- limits per key: the run's limit row, locked after the run (sql/README.md, limits).
+key_slots AS (
+    SELECT l.max_running - l.running AS free
+    FROM agent_run_limits l
+    WHERE l.concurrency_key = (SELECT concurrency_key FROM locked WHERE initial_claim)
+    FOR UPDATE
+),
 claimed AS (
     UPDATE agent_runs r
     SET status = CASE WHEN r.status = 'pending' THEN 'running' ELSE r.status END,
@@ -29,6 +36,8 @@ claimed AS (
            OR (locked.status IN ('running', 'cancel_requested')
                AND locked.worker_id = %(worker_id)s::text
                AND locked.lease_expires_at > clock.now))
+      -- limits per key: an initial claim only while the run's key has a free slot.
+      AND (NOT locked.initial_claim OR coalesce((SELECT free FROM key_slots), 1) > 0)
     RETURNING r.*, locked.initial_claim
 ),
 expired AS (

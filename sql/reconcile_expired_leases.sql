@@ -62,6 +62,15 @@ decision AS (
            f.deadline_seconds
     FROM facts f
 ),
+-- limits per key: the runs' limit rows, in key order, before the counter's trigger updates them
+-- at the statement's end (the runs are locked already: reconcile_expired_leases.lock).
+key_slots AS (
+    SELECT l.concurrency_key FROM agent_run_limits l
+    WHERE l.concurrency_key IN (SELECT k.concurrency_key FROM agent_runs k
+                                WHERE k.id = ANY (%(run_ids)s::text[]))
+    ORDER BY l.concurrency_key
+    FOR UPDATE
+),
 converged AS (
     UPDATE agent_runs r
     SET status = CASE WHEN d.exhausted IS NULL THEN 'pending' ELSE 'failed' END,
@@ -111,4 +120,5 @@ notified AS (
 )
 SELECT converged.* FROM converged
 WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM attempts) >= 0
+  AND (SELECT count(*) FROM key_slots) >= 0  -- limits per key
 ORDER BY converged.id

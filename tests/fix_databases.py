@@ -165,11 +165,13 @@ class _Databases:
             touched = conn.execute(
                 "SELECT EXISTS (SELECT FROM agent_runs) OR EXISTS (SELECT FROM agent_run_attempts)"
                 " OR EXISTS (SELECT FROM agent_run_waiters)"
+                " OR EXISTS (SELECT FROM agent_run_limits)"
                 " OR (SELECT is_called FROM agent_run_attempts_id_seq)"
             ).fetchone()
             if touched is None or touched[0]:
                 conn.execute(
-                    "TRUNCATE agent_runs, agent_run_attempts, agent_run_waiters RESTART IDENTITY"
+                    "TRUNCATE agent_runs, agent_run_attempts, agent_run_waiters, agent_run_limits"
+                    " RESTART IDENTITY"
                 )
         return True
 

@@ -29,6 +29,21 @@ from tests.test_create_runs import (  # noqa: F401 - collected here with this mo
     test_a_repeated_item_does_not_make_its_thread_busy_for_a_later_one,
     test_parents_may_be_runs_of_the_same_batch,
 )
+from tests.test_limits import (  # noqa: F401 - collected here with this module's repo
+    test_a_batched_claim_admits_a_key_only_up_to_its_free_slots_in_claim_order,
+    test_a_claim_never_reads_the_runs_of_a_full_key,
+    test_a_lowered_limit_admits_nobody_until_the_count_is_below_it,
+    test_a_parked_run_made_pending_again_by_another_writer_is_never_stuck_parked,
+    test_a_run_of_a_full_key_keeps_its_place_and_is_claimed_in_order_when_a_slot_frees,
+    test_bad_keys_and_limits_are_refused_by_name_writing_nothing,
+    test_every_transition_out_of_the_counted_states_frees_the_slot,
+    test_finish_runs_and_claim_frees_its_slot_for_the_keys_next_run,
+    test_finish_runs_and_claim_may_take_a_slot_it_frees_for_an_unparked_run,
+    test_mark_running_on_a_run_whose_key_is_full_is_refused_writing_nothing,
+    test_raising_deleting_and_pausing_a_limit_take_effect_at_the_next_claim,
+    test_runs_are_listed_by_key_and_created_with_it_in_batches,
+    test_the_explanation_of_a_run_waiting_for_its_key_says_so,
+)
 from tests.test_operations import (  # noqa: F401 - collected here with this module's repo
     listed,
     test_cancel_tree_of_an_unknown_run_is_refused,

@@ -158,6 +158,7 @@ def _list_params(statuses: list[str]) -> dict[str, Any]:
         "agent_slug": None,
         "thread_id": None,
         "uid": None,
+        "concurrency_key": None,
         "worker": None,
         "since_at": None,
         "since_seconds": None,

@@ -33,6 +33,8 @@ ALL = [
     "0013_schedule_and_priority",
     "0014_requeues_and_policies",
     "0015_run_output_and_resumed_from",
+    "0017_limits_per_key",
+    "0018_limits_skip_blocked_runs",
 ]
 AFTER_0001 = ALL[1:]
 APP_TABLES = {
@@ -41,6 +43,7 @@ APP_TABLES = {
     "agent_run_waiters",
     "agent_run_requeues",
     "agent_run_policies",
+    "agent_run_limits",
 }
 AFTER_0002 = ALL[2:]
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -233,6 +236,8 @@ def test_0002_on_a_database_with_legacy_runs_back_fills_nothing(legacy_dsn: str)
     assert all(run.pop("output") is None for run in after)  # 0015 adds it, NULL
     assert all(run.pop("priority") == 0 for run in after)  # 0013 adds them: priority 0,
     assert all(run.pop("available_at") == run["created_at"] for run in after)  # creation time
+    assert all(run.pop("concurrency_key") is None for run in after)  # 0017 adds it, NULL
+    assert all(run.pop("key_waiting") is False for run in after)  # 0018 adds it, false
     assert after == before
     with agent_runs.connect(legacy_dsn) as conn:
         repo = AgentRunRepository(conn)

@@ -99,6 +99,8 @@ def test_agent_runs_has_the_specified_columns_and_types(observer: Conn) -> None:
         "priority",  # 0013, the claim order
         "available_at",
         "output",  # 0015, the run's result
+        "concurrency_key",  # 0017, limits per key
+        "key_waiting",  # 0018, a full key's waiting runs out of the claim index
     }
     assert columns["trace_context"] == ("jsonb", True)
     assert columns["priority"] == ("smallint", False)
@@ -593,8 +595,12 @@ def test_no_update_of_either_table_fires_a_before_update_row_trigger(observer: C
     for definition in definitions:
         if "UPDATE" in definition:
             assert "AFTER UPDATE" in definition and "WHEN" in definition, definition
-        else:
-            assert "BEFORE INSERT" in definition or "BEFORE DELETE" in definition, definition
+        else:  # an AFTER INSERT/DELETE trigger only where its WHEN holds (limits per key)
+            assert (
+                "BEFORE INSERT" in definition
+                or "BEFORE DELETE" in definition
+                or ("AFTER" in definition and "WHEN" in definition)
+            ), definition
 
 
 def test_a_statement_updating_one_finished_and_one_open_attempt_changes_neither(

@@ -86,3 +86,8 @@ class AsyncAgentRunRepository(AsyncDriver):
     get_policy = _coroutine(Sync.get_policy)
     list_policies = _coroutine(Sync.list_policies)
     delete_policy = _coroutine(Sync.delete_policy)
+    # limits per key
+    set_limit = _coroutine(Sync.set_limit)
+    get_limit = _coroutine(Sync.get_limit)
+    delete_limit = _coroutine(Sync.delete_limit)
+    list_limits = _coroutine(Sync.list_limits)

@@ -28,6 +28,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     when = p.add_mutually_exclusive_group()
     when.add_argument("--available-at", default=None, metavar="TS", help="claimable from TS")
     when.add_argument("--delay", default=None, metavar="D", help="claimable after D (90s, 15m)")
+    p.add_argument(
+        "--concurrency-key",
+        default=None,
+        metavar="K",
+        help="the key whose limit this run counts against (agent-runs limit set K N)",
+    )
     p.add_argument("--otel", action="store_true", help=OTEL_HELP + "; TRACEPARENT: the parent")
     p.set_defaults(func=cmd_enqueue)
 
@@ -74,6 +80,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                 created_by_run_id=args.created_by_run_id,
                 priority=args.priority,
                 available_at=available_at,
+                concurrency_key=args.concurrency_key,
             )
     finally:
         if otel is not None:
@@ -91,7 +98,9 @@ def cmd_attempts(args: argparse.Namespace) -> int:
         attempts = repo.list_run_attempts(run.id)
         requeues = repo.list_run_requeues(run.id)
         policy = repo.get_policy(run.agent_slug)
-    explanation = explain_run(run, attempts, requeues, policy)
+        key = run.concurrency_key
+        key_limit = None if key is None or run.is_terminal else repo.get_limit(key)
+    explanation = explain_run(run, attempts, requeues, policy, key_limit=key_limit)
     if args.json:
         document = history_json(run, attempts, explanation, requeues)
         print(json.dumps(document, indent=2, ensure_ascii=False))

@@ -51,6 +51,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--agent-slug", default=None, help="only runs of this agent")
     p.add_argument("--thread", default=None, help="only runs of this conversation thread")
     p.add_argument("--uid", default=None, help="only runs of this user")
+    p.add_argument("--key", default=None, metavar="K", help="only runs of this concurrency key")
     p.add_argument(
         "--worker",
         default=None,
@@ -134,6 +135,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         "agent_slug": args.agent_slug,
         "thread_id": args.thread,
         "uid": args.uid,
+        "concurrency_key": args.key,
         "worker": args.worker,
         "since": since,
         "stuck": args.stuck,

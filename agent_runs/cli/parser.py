@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "agent_runs.cli.worker",
     "agent_runs.cli.operator",
     "agent_runs.cli.recovery",
+    "agent_runs.cli.limits",
     "agent_runs.cli.demo",
     "agent_runs.cli.dashboard",
 )

@@ -17,7 +17,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Scope
 
-from agent_runs.dashboard import actions, login, pages, run_page, runs_page
+from agent_runs.dashboard import actions, keys_page, login, pages, run_page, runs_page
 from agent_runs.dashboard.common import Settings
 from agent_runs.dashboard.data import Cached
 from agent_runs.dashboard.guard import Guard
@@ -99,6 +99,7 @@ def create_app(
         Route("/tree/{run_id:agent_runs_run_id}", run_page.tree_page, name="tree"),
         Route("/json/{kind}/{run_id:agent_runs_run_id}", run_page.document, name="document"),
         Route("/workers", pages.workers, name="workers"),
+        Route("/keys", keys_page.keys, name="keys"),
         Route("/healthz", pages.healthz, name="healthz"),
         # Browsers ask for /favicon.ico on pages that name no icon (the JSON views): a 404
         # there is a console error.

@@ -74,6 +74,8 @@ def run_page(request: Request) -> Response:
         children = data.children(reader, run_id)
         tree = data.tree(reader, run_id, data.TREE_ON_RUN_PAGE)
         recovery = data.in_recovery(reader)
+        key = run.concurrency_key  # a waiting run's explanation says when its key is full
+        key_limit = None if key is None or run.is_terminal else reader.repo.get_limit(key)
     last_owner = attempts[-1].worker_id if attempts else run.worker_id
     shown = attempts[-ATTEMPTS_SHOWN:]
     return page(
@@ -90,7 +92,7 @@ def run_page(request: Request) -> Response:
             # reader (the tree section may, on reload).
             "live_page": not run.is_terminal,
             "final_page": run.is_terminal,
-            "explanation": explain_run(run, attempts, requeues),
+            "explanation": explain_run(run, attempts, requeues, key_limit=key_limit),
             "timeline": attempt_timeline(shown, now),
             "parent": parent,
             "parent_missing": run.created_by_run_id is not None and parent is None,

@@ -10,6 +10,9 @@ MAX_ID_LENGTH: Final = 64
 MAX_WORKER_ID_LENGTH: Final = 128
 # Where an attempt resumed (a LangGraph checkpoint id is a 36-character UUID).
 MAX_CHECKPOINT_ID_LENGTH: Final = 128
+# A concurrency key (user:u-7, provider:openai): 1-128 characters; a limit fits an int column.
+MAX_CONCURRENCY_KEY_LENGTH: Final = 128
+MAX_RUNNING_LIMIT: Final = 2_147_483_647
 # Owner tokens are f"{name}:{uuid4().hex}": the name leaves room for ":" and 32 hex digits.
 MAX_WORKER_NAME_LENGTH: Final = MAX_WORKER_ID_LENGTH - 33
 MAX_ERROR_TYPE_LENGTH: Final = 64

@@ -5,7 +5,12 @@ from __future__ import annotations
 import math
 
 from agent_runs.errors import InvalidArgument
-from agent_runs.validation.limits import MAX_LEASE_SECONDS, MAX_LIMIT, MAX_TIMEOUT_SECONDS
+from agent_runs.validation.limits import (
+    MAX_LEASE_SECONDS,
+    MAX_LIMIT,
+    MAX_RUNNING_LIMIT,
+    MAX_TIMEOUT_SECONDS,
+)
 from agent_runs.validation.text import _shown
 
 
@@ -53,3 +58,8 @@ def integer(name: str, value: object, low: int, high: int) -> int:
 
 def limit(value: object) -> int:
     return integer("limit", value, 1, MAX_LIMIT)
+
+
+def max_running(value: object) -> int:
+    """A concurrency limit: how many runs of a key may be counted at once (0 pauses the key)."""
+    return integer("max_running", value, 0, MAX_RUNNING_LIMIT)

@@ -11,6 +11,7 @@ from agent_runs.validation.limits import (
     INVALID_ERROR_TYPE,
     MAX_BAD_ERROR_TYPE_SHOWN,
     MAX_CHECKPOINT_ID_LENGTH,
+    MAX_CONCURRENCY_KEY_LENGTH,
     MAX_ERROR_MESSAGE_LENGTH,
     MAX_ERROR_TYPE_LENGTH,
     MAX_ID_LENGTH,
@@ -60,6 +61,15 @@ def optional_identifier(name: str, value: object) -> str | None:
 
 def worker_id(value: object, name: str = "worker_id") -> str:
     return _text(name, value, MAX_WORKER_ID_LENGTH)
+
+
+def concurrency_key(value: object, name: str = "concurrency_key") -> str:
+    """A concurrency key (a user, agent or provider a limit applies to): 1-128 chars, no NUL."""
+    return _text(name, value, MAX_CONCURRENCY_KEY_LENGTH)
+
+
+def optional_concurrency_key(value: object, name: str = "concurrency_key") -> str | None:
+    return None if value is None else concurrency_key(value, name)
 
 
 def optional_worker_id(value: object) -> str | None:
