@@ -1,5 +1,6 @@
 -- next_available: how long until the next run scheduled for later becomes claimable.
--- from: pending | ownerless cancel_requested with available_at > now, of agent_slugs if given
+-- from: pending | ownerless cancel_requested with available_at > now, of agent_slugs if given,
+--       not parked behind a full key
 -- to:   nothing (read only)
 -- returns: one row, seconds (NULL when no run is scheduled), by the database's clock
 -- notes: sql/README.md (clock); one probe of ix_agent_runs_claimable per priority
@@ -16,6 +17,8 @@ CROSS JOIN LATERAL (
       AND (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
       AND CASE WHEN %(agent_slugs)s::text[] IS NULL THEN true
                ELSE r.agent_slug = ANY (%(agent_slugs)s::text[]) END
+      -- limits per key: a full key's parked runs wait for its slot (whose end wakes a worker)
+      AND NOT r.key_waiting
     ORDER BY r.available_at, r.id
     LIMIT 1
 ) AS c
