@@ -126,14 +126,15 @@ BEGIN
     IF p_delta < 0 OR now_running >= limit_running THEN
         PERFORM agent_run_limits_gate(p_key);
     END IF;
-    -- This end freed the key's last slot: wake a worker for its oldest waiting run.
+    -- This end freed the key's last slot: wake a worker for the first run the gate brought
+    -- back that is available now (claim order; the key was full, so those are few), if any.
     IF p_delta < 0 AND now_running < limit_running AND now_running - p_delta >= limit_running THEN
         SELECT r.agent_slug INTO slug
         FROM agent_runs r
-        WHERE r.concurrency_key = p_key
-          AND r.status IN ('pending', 'running', 'cancel_requested')
+        WHERE r.concurrency_key = p_key AND NOT r.key_waiting
           AND (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
-        ORDER BY r.created_at, r.id
+          AND r.available_at <= now()
+        ORDER BY r.priority, r.available_at, r.id
         LIMIT 1;
         IF slug IS NOT NULL THEN
             PERFORM pg_notify('agent_runs_claimable', slug);
