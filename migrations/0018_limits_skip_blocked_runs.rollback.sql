@@ -45,6 +45,7 @@ END;
 $$;
 
 DROP FUNCTION agent_run_limits_gate(text);
+DROP INDEX ix_agent_runs_key_parked_available;
 DROP INDEX ix_agent_runs_key_parked;
 DROP INDEX ix_agent_runs_key_unparked;
 

@@ -56,6 +56,13 @@ CREATE INDEX ix_agent_runs_key_parked
     WHERE key_waiting
       AND (status = 'pending' OR (status = 'cancel_requested' AND worker_id IS NULL));
 
+-- Parked runs by availability: those scheduled for later are listed (list_scheduled_runs)
+-- without the claim index, which leaves them out.
+CREATE INDEX ix_agent_runs_key_parked_available
+    ON agent_runs (available_at, id)
+    WHERE key_waiting
+      AND (status = 'pending' OR (status = 'cancel_requested' AND worker_id IS NULL));
+
 CREATE FUNCTION agent_run_limits_gate(p_key text) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE

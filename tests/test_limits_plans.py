@@ -86,3 +86,15 @@ def test_a_claim_walks_the_claim_index_past_parked_runs_without_reading_them(
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan"
                 and n.get("Relation Name") == "agent_runs"]  # fmt: skip
     assert plan["Actual Rows"] >= 1, plan  # a free run claimed (or the scheduled one found)
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+def test_the_scheduled_listing_reads_the_claim_index_and_the_parked_runs_index(
+    parked: psycopg.Connection[Any], mode: str
+) -> None:
+    params = {"now": None, "agent_slug": None, "limit": 50}
+    nodes = list(_nodes(_analyze(parked, "list_scheduled_runs", params, mode)))
+    used = {n.get("Index Name") for n in nodes}
+    assert {"ix_agent_runs_claimable", "ix_agent_runs_key_parked_available"} <= used, used
+    assert not [n for n in nodes if n["Node Type"] == "Seq Scan"
+                and n.get("Relation Name") == "agent_runs"]  # fmt: skip

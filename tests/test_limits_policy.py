@@ -83,6 +83,7 @@ def test_a_freed_slot_brings_back_an_available_run_before_one_scheduled_for_late
     scheduled = new_run(repo, concurrency_key="user:u", priority=0, available_at=in_an_hour)
     available = new_run(repo, concurrency_key="user:u", priority=5)
     assert _parked(observer, scheduled.id) and _parked(observer, available.id)
+    assert scheduled.id in {r.id for r in repo.list_scheduled_runs()}  # parked, still listed
     assert repo.set_terminal_status(blocker.id, status="completed", worker_id="w-1").changed
     # First in claim order is the priority-0 run, but it is not available: the slot goes on.
     assert not _parked(observer, available.id) and _parked(observer, scheduled.id)
