@@ -1,6 +1,6 @@
 -- requeue_run: an operator runs an ended run again, with a fresh budget.
 -- from: failed | cancelled | interrupted
--- to:   pending, available_at = now, error fields, finished_at and lease cleared; one
+-- to:   pending, available_at = now, error fields, output, finished_at and lease cleared; one
 --       agent_run_requeues row records it; wakes agent_runs_claimable
 -- returns: the run as it is now with changed; the locked run unchanged when its status
 --          refuses (completed or not ended); no row for an unknown run
@@ -17,7 +17,7 @@ locked AS (
 requeued AS (
     UPDATE agent_runs r
     SET status = 'pending',
-        (error_type, error_message, finished_at) = (NULL, NULL, NULL),
+        (error_type, error_message, finished_at, output) = (NULL, NULL, NULL, NULL),
         (worker_id, heartbeat_at, lease_expires_at) = (NULL, NULL, NULL),
         available_at = clock.now,
         updated_at = clock.now

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -91,6 +92,28 @@ def test_runs_filters_each_narrow_the_list(client: Any, repo: AgentRunRepository
         response = client.get(f"/runs?{query}")
         assert response.status_code == 200, (query, response.text[:500])
         assert run_ids(response.text) == expected, query
+
+
+def test_scheduled_runs_are_counted_apart_from_pending_and_listed_soonest_first(
+    client: Any, repo: AgentRunRepository
+) -> None:
+    due = new_run(repo)
+    later = new_run(repo, available_at=datetime.now(UTC) + timedelta(hours=2))
+    soon = new_run(repo, available_at=datetime.now(UTC) + timedelta(hours=1))
+    html = client.get("/").text
+    live = html.split('id="live-now"', 1)[1].split("</section>", 1)[0]
+    numbers = re.findall(r'<span class="num big">([0-9,]+)</span>', live)
+    assert numbers[0] == "1" and numbers[3] == "2"  # pending now; scheduled
+    assert 'href="/runs?scheduled=1"' in live
+    listed = client.get("/runs?scheduled=1").text
+    assert run_ids(listed) == {soon.id, later.id} and due.id not in listed
+    assert listed.index(soon.id) < listed.index(later.id)
+    for bad in ("scheduled=maybe", "scheduled=1&status=failed", "scheduled=1&stuck=1"):
+        response = client.get(f"/runs?{bad}")
+        assert response.status_code == 400, bad
+        assert ("scheduled" if "maybe" in bad else bad.split("&")[1].split("=")[0]) in (
+            response.text
+        )
 
 
 def test_stuck_filter_finds_a_lost_lease(

@@ -279,3 +279,16 @@ def test_requeue_sits_beside_cancel_under_the_same_rules(
     assert "requeued at" in cancel_client.get(f"/runs/{run.id}").text
     again = cancel_client.post(f"/requeue/{run.id}", data={"csrf": token}, headers=ORIGIN)
     assert again.status_code == 200 and "Nothing changed" in again.text
+
+
+def test_requeue_of_a_completed_run_is_refused_and_says_how_to_run_it_again(
+    cancel_client: Any, repo: AgentRunRepository
+) -> None:
+    run = new_run(repo)
+    repo.claim_next(worker_id="w:1", lease_seconds=30)
+    repo.set_terminal_status(run.id, status="completed", worker_id="w:1")
+    assert f'href="/requeue/{run.id}"' not in cancel_client.get(f"/runs/{run.id}").text
+    token = _csrf(cancel_client.get(f"/requeue/{run.id}").text)
+    refused = cancel_client.post(f"/requeue/{run.id}", data={"csrf": token}, headers=ORIGIN)
+    assert refused.status_code == 409 and "new run" in refused.text
+    assert repo.get_run(run.id).status == "completed"  # type: ignore[union-attr]

@@ -201,19 +201,6 @@ def processes(lg_dsn: str, tmp_path: Path) -> Iterator[_Processes]:
     procs.close()
 
 
-def _retry_after_lost_lease(repo: AgentRunRepository, observer: Any, run_id: str) -> None:
-    """What a recovery policy that allows a lost lease does: the run goes back to pending (its
-    open attempt is closed lease_expired by the next claim)."""
-    if hasattr(repo, "set_policy"):
-        repo.set_policy("lg-steps", max_lost_leases=1)
-        return
-    observer.execute(
-        "UPDATE agent_runs SET status = 'pending', worker_id = NULL, heartbeat_at = NULL,"
-        " lease_expires_at = NULL WHERE id = %s",
-        (run_id,),
-    )
-
-
 def test_a_worker_process_killed_mid_graph_is_resumed_by_another_with_each_step_done_once(
     processes: _Processes, repo: AgentRunRepository, observer: psycopg.Connection[Any]
 ) -> None:
@@ -223,7 +210,7 @@ def test_a_worker_process_killed_mid_graph_is_resumed_by_another_with_each_step_
     doomed.send_signal(signal.SIGKILL)
     doomed.wait(10)
     assert _side_effects(observer, run.id) == Counter({"s1": 1, "s2": 1, "s3:entered": 1})
-    _retry_after_lost_lease(repo, observer, run.id)
+    repo.set_policy("lg-steps", max_lost_leases=1)  # executing it again is acceptable: it resumes
     processes.start("rescuer", "--lease-seconds", "2")
     wait_until(lambda: repo.get_run(run.id).is_terminal, timeout=TIMEOUT)  # type: ignore[union-attr]
     ended = repo.get_run(run.id)

@@ -162,6 +162,23 @@ def test_a_requeue_gives_a_fresh_budget_and_is_recorded(repo: Repo, t0: datetime
     assert "attempt 1 of 1" in ended.error_message  # counted from the requeue
 
 
+def test_a_requeued_interrupted_run_leaves_its_output_behind(repo: Repo, t0: datetime) -> None:
+    run = new_run(repo)
+    _claim(repo, t0)
+    pending = [{"id": "i-1", "value": "approve?"}]
+    repo.set_terminal_status(
+        run.id,
+        status="interrupted",
+        worker_id="w:1",
+        error_type="human_input_required",
+        output=pending,
+        now=t0,
+    )
+    assert repo.get_run(run.id).output == pending
+    requeued, changed = repo.requeue_run(run.id, now=t0 + timedelta(seconds=1))
+    assert changed and requeued.output is None and repo.get_run(run.id).output is None
+
+
 def test_requeue_refusals(repo: Repo, t0: datetime) -> None:
     done = new_run(repo)
     _claim(repo, t0)

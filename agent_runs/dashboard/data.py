@@ -91,12 +91,14 @@ def _begin(timeout_seconds: float, *, read_only: bool) -> LiteralString:
 
 @dataclass(frozen=True, slots=True)
 class Live:
-    """Non-terminal runs now: count, expired leases and oldest creation per status."""
+    """Non-terminal runs now: count, expired leases, runs scheduled for later and the oldest
+    available run's creation per status."""
 
     counts: dict[str, int]
     expired: dict[str, int]
     oldest: dict[str, datetime]
     in_recovery: bool
+    scheduled: int = 0  # pending runs not available yet (available_at in the future)
 
 
 def live(reader: Reader) -> Live:
@@ -106,8 +108,9 @@ def live(reader: Reader) -> Live:
     return Live(
         counts={s: next((int(r["n"]) for r in runs if r["key"] == s), 0) for s in _NON_TERMINAL},
         expired={r["key"]: int(r["expired"]) for r in runs},
-        oldest={r["key"]: r["oldest"] for r in runs},
+        oldest={r["key"]: r["oldest"] for r in runs if r["oldest"] is not None},
         in_recovery=in_recovery,
+        scheduled=sum(int(r["scheduled"]) for r in runs if r["key"] == "pending"),
     )
 
 

@@ -37,6 +37,7 @@ RUNS_PARAMS: Final = (
     "finished",
     "outcome",
     "attempt_error_type",
+    "scheduled",
 )
 # The filters that read runs by when they finished (the overview's windows), and the window
 # when only error_type is given.
@@ -84,6 +85,7 @@ class RunsQuery:
     finished: str = ""
     outcome: str = ""
     attempt_error_type: str = ""
+    scheduled: bool = False  # pending runs not available yet, the soonest first
 
     @property
     def by_attempt(self) -> bool:
@@ -111,6 +113,7 @@ class RunsQuery:
             "finished": self.finished,
             "outcome": self.outcome,
             "attempt_error_type": self.attempt_error_type,
+            "scheduled": self.scheduled,
         }
         return [name for name, value in values.items() if value]
 
@@ -159,6 +162,7 @@ class RunsQuery:
             "finished": self.finished,
             "outcome": self.outcome,
             "attempt_error_type": self.attempt_error_type,
+            "scheduled": "1" if self.scheduled else "",
         }
         values.update({k: ("" if v is None else v) for k, v in changes.items()})
         pairs: list[tuple[str, str]] = []
@@ -236,6 +240,9 @@ def runs_query(params: QueryParams) -> RunsQuery:
     stuck_text = single(params, "stuck").lower()
     if stuck_text not in _TRUE | _FALSE:
         raise BadParameter("stuck", "stuck must be 1 or 0 (on or off)")
+    scheduled_text = single(params, "scheduled").lower()
+    if scheduled_text not in _TRUE | _FALSE:
+        raise BadParameter("scheduled", "scheduled must be 1 or 0 (on or off)")
     limit_text = single(params, "limit")
     limit = DEFAULT_LIMIT
     if limit_text:
@@ -248,6 +255,7 @@ def runs_query(params: QueryParams) -> RunsQuery:
     query = RunsQuery(
         statuses=tuple(dict.fromkeys(statuses)),
         stuck=stuck_text in _TRUE,
+        scheduled=scheduled_text in _TRUE,
         limit=limit,
         since=single(params, "since"),
         stuck_after=single(params, "stuck_after"),
@@ -255,6 +263,9 @@ def runs_query(params: QueryParams) -> RunsQuery:
         **texts,
     )
     query.filters()  # since and stuck_after parse here, before any SQL
+    if query.scheduled:
+        for name in (n for n in query.active_names() if n not in ("scheduled", "agent_slug")):
+            raise BadParameter(name, f"{name} cannot be combined with scheduled")
     if query.by_attempt:
         given_here = {
             "status": query.statuses,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from starlette.requests import Request
@@ -98,7 +98,8 @@ def _tabs(query: RunsQuery, live: data.Live, day: data.Agents) -> list[dict[str,
             "label": "all",
             "count": None,
             "link": "",
-            "current": not query.statuses and not (query.by_finish or query.by_attempt),
+            "current": not query.statuses
+            and not (query.by_finish or query.by_attempt or query.scheduled),
         }
     ]
     for status in LIVE_STATUSES:
@@ -111,6 +112,16 @@ def _tabs(query: RunsQuery, live: data.Live, day: data.Agents) -> list[dict[str,
                 "current": only_status == status and not (query.by_finish or query.by_attempt),
             }
         )
+        if status == "pending":
+            tabs.append(
+                {
+                    "label": "scheduled",
+                    "count": live.scheduled,
+                    "note": "not yet due",
+                    "link": "scheduled=1",
+                    "current": query.scheduled,
+                }
+            )
     for status in FINAL_STATUSES:
         tabs.append(
             {
@@ -133,6 +144,30 @@ def _row(listing: Any, times: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _scheduled(reader: data.Reader, query: RunsQuery, now: datetime) -> list[dict[str, Any]]:
+    """Pending runs not yet available, the soonest first (one page: no cursor)."""
+    runs = reader.repo.list_scheduled_runs(
+        agent_slug=query.agent_slug or None, limit=query.limit, now=now
+    )
+    return [
+        {
+            "id": run.id,
+            "status": str(run.status),
+            "agent_slug": run.agent_slug,
+            "thread_id": run.thread_id,
+            "uid": run.uid,
+            "created_at": run.created_at,
+            "error_type": run.error_type,
+            "attempt_count": "–",  # a listing's count; the run page has the attempts
+            "last_worker_id": None,
+            "started_at": run.started_at,
+            "finished_at": None,
+            "available_at": run.available_at,
+        }
+        for run in runs
+    ]
+
+
 @guarded
 def runs(request: Request) -> Response:
     config = settings(request)
@@ -141,19 +176,21 @@ def runs(request: Request) -> Response:
         now = reader.now()
         live = config.cache.live(reader)
         day = config.cache.day(reader, now)[0]
-        if query.by_attempt:
+        if query.scheduled:
+            listings, cursor = _scheduled(reader, query, now), None
+        elif query.by_attempt:
             listings, cursor = _page_by_attempt(reader, query, now)
         elif query.by_finish:
             listings, cursor = _page_by_finish(reader, query, now)
         else:
             try:
-                listings = reader.repo.list_run_listings(**query.filters(), now=now)
+                found = reader.repo.list_run_listings(**query.filters(), now=now)
             except InvalidArgument as exc:
                 name = str(exc).split(" ", 1)[0]
                 raise BadParameter(name, str(exc)) from None
-            cursor = runs_cursor(listings[-1]) if len(listings) == query.limit else None
-            times = data.run_times(reader, [listing.id for listing in listings])
-            listings = [_row(listing, times.get(listing.id, {})) for listing in listings]
+            cursor = runs_cursor(found[-1]) if len(found) == query.limit else None
+            times = data.run_times(reader, [listing.id for listing in found])
+            listings = [_row(listing, times.get(listing.id, {})) for listing in found]
     return page(
         config.env,
         request.scope,

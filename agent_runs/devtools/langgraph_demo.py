@@ -95,10 +95,8 @@ def run_langgraph_demo(
         conn.execute(TABLE_DDL)
         repo = AgentRunRepository(conn)
         slug = f"lgdemo-{uuid.uuid4().hex[:8]}"
-        policy = getattr(repo, "set_policy", None)
-        if policy is not None:
-            policy(slug, max_lost_leases=1)
-            say(f"policy for {slug}: one lost lease may be retried (the graph resumes)")
+        repo.set_policy(slug, max_lost_leases=1)
+        say(f"policy for {slug}: one lost lease may be retried (the graph resumes)")
         run = repo.create_run(
             thread_id=f"{slug}-article",
             agent_slug=slug,
@@ -109,8 +107,7 @@ def run_langgraph_demo(
         say(f"enqueued run {run.id}: {' -> '.join(STEPS)}; attempt 1 dies at {CRASH_AT}")
         children = _Children(dsn=dsn, stream=sys.stderr)
         stack.callback(children.stop_all, lease_seconds + 3.0)
-        if policy is not None:
-            children.start("reconciler", ["reconcile", "--every", f"{lease_seconds / 2:g}"])
+        children.start("reconciler", ["reconcile", "--every", f"{lease_seconds / 2:g}"])
         worker_args = [
             "--agent",
             "agent_runs.devtools.langgraph_demo:agent",
@@ -136,8 +133,6 @@ def run_langgraph_demo(
             if died is not None and not replaced:
                 replaced = True
                 say(f"worker process demo-lg-w1 died (exit code {died}) mid-graph")
-                if policy is None:
-                    _as_a_policy_would(conn, run.id, lease_seconds, say)
                 children.start("w2", ["worker", "--name", "demo-lg-w2", *worker_args])
                 say("started worker process demo-lg-w2: it resumes from the last checkpoint")
             time.sleep(0.2)
@@ -160,15 +155,3 @@ def run_langgraph_demo(
         say("done: each step ran once" if once and ended.status == "completed" else "UNEXPECTED")
         return 0 if once and ended.status == "completed" else 1
     return 1  # pragma: no cover - ExitStack does not swallow exceptions
-
-
-def _as_a_policy_would(conn: Any, run_id: str, lease_seconds: float, say: Any) -> None:
-    """Without recovery policies in this build: once the lease has expired, put the run back to
-    pending, as a policy allowing a lost lease does (the next claim closes the lost attempt)."""
-    time.sleep(lease_seconds)
-    conn.execute(
-        "UPDATE agent_runs SET status = 'pending', worker_id = NULL, heartbeat_at = NULL,"
-        " lease_expires_at = NULL WHERE id = %s AND status = 'running'",
-        (run_id,),
-    )
-    say("its lease expired; the run goes back to pending (as a lost-lease policy does)")
