@@ -18,6 +18,7 @@ from agent_runs.display import escape
 from agent_runs.explain_key import key_wait_text
 from agent_runs.explain_policy import (
     EXHAUSTED_ERRORS,
+    clock,
     requeued_between,
     requeues_text,
     retried_text,
@@ -388,4 +389,4 @@ def _error(error_type: str | None, message: str | None) -> str:
 
 
 def _ts(value: datetime | None) -> str:
-    return value.isoformat(timespec="milliseconds") if value is not None else "never"
+    return clock(value)  # one time format in every explanation: 2030-01-01T12:00:30.250Z

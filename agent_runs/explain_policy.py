@@ -4,7 +4,7 @@ error types a policy ends a run with. Every user or agent value is escaped."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Final
 
 from agent_runs.display import escape
@@ -71,6 +71,7 @@ def clock(value: datetime | None) -> str:
     """An instant as `2030-01-01T12:00:30Z` (UTC, to the second; milliseconds when set)."""
     if value is None:
         return "never"
+    value = value.astimezone(UTC)
     text = value.strftime("%Y-%m-%dT%H:%M:%S")
     if value.microsecond:
         text += f".{value.microsecond // 1000:03d}"

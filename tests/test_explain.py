@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import unicodedata
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -259,6 +259,13 @@ def test_pending_run_with_an_owner_is_unexplained() -> None:
 def test_running_run_is_held_by_its_open_attempt() -> None:
     run = make_run("running", worker_id="w:2")
     assert_explained(run, [released(1), attempt(2, None, worker_id="w:2")], "holds the lease")
+
+
+def test_every_time_in_an_explanation_is_utc_with_a_z() -> None:
+    lease = datetime(2030, 1, 1, 13, 0, 30, 250000, tzinfo=timezone(timedelta(hours=1)))
+    run = make_run("running", worker_id="w:2", lease_expires_at=lease)
+    text = explain_run(run, [released(1), attempt(2, None, worker_id="w:2")]).text
+    assert "until 2030-01-01T12:00:30.250Z" in text and "+00:00" not in text
 
 
 def test_running_run_whose_open_attempt_has_another_owner_is_unexplained() -> None:
