@@ -115,17 +115,26 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
                 raise TimeoutError(
                     f"run {run_id!r} is still {run.status} after {timeout:g} seconds"
                 )
+            heard = _QUIET
             if not listening:
                 time.sleep(min(remaining, FLOODED_POLL_SECONDS))
-            elif _await_finished(
-                conn, run_id, until=time.monotonic() + min(remaining, WAIT_POLL_SECONDS)
-            ):
+            else:
+                heard = _await_finished(
+                    conn, run_id, until=time.monotonic() + min(remaining, WAIT_POLL_SECONDS)
+                )
+            if heard == _FLOODED:
                 # Flooded: every statement on this connection would queue behind others'
                 # notifications. Stop them at their source and poll for the rest of the call.
                 with turn:
                     _execute(conn, _UNLISTEN_FINISHED)
                 listening = False
                 _discard_received(conn, until=deadline)
+            if heard != _SEEN and time.monotonic() >= deadline:
+                # Its end was not heard by the deadline: no read queued behind others'
+                # notifications delays the answer.
+                raise TimeoutError(
+                    f"run {run_id!r} is still {run.status} after {timeout:g} seconds"
+                )
             fresh = repo.get_run(run_id)
             if fresh is None:
                 raise InvalidArgument(f"run_id {run_id!r}: the run was deleted while waiting")
@@ -138,7 +147,8 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
                 and not conn.broken
                 and conn.info.transaction_status == pq.TransactionStatus.IDLE
             ):
-                _execute(conn, _UNLISTEN_FINISHED)
+                if listening:
+                    _execute(conn, _UNLISTEN_FINISHED)
                 if registered:
                     waiters.unregister(conn, run_id, waiter_id)
 
@@ -149,24 +159,31 @@ def _execute(conn: psycopg.Connection[Any], statement: LiteralString) -> None:
         cur.execute(statement, prepare=False)
 
 
-def _await_finished(conn: psycopg.Connection[Any], run_id: str, *, until: float) -> bool:
-    """Read notifications until run `run_id`'s arrives or the monotonic clock reaches `until`;
-    True when other runs' notifications flooded in (more than FLOOD_NOTIFICATIONS).
+# What a listening slice heard: the run's end, a flood of others' notifications, or neither.
+_SEEN: Final = "seen"
+_FLOODED: Final = "flooded"
+_QUIET: Final = "quiet"
+
+
+def _await_finished(conn: psycopg.Connection[Any], run_id: str, *, until: float) -> str:
+    """Read notifications until run `run_id`'s arrives (_SEEN), other runs' notifications flood
+    in (more than FLOOD_NOTIFICATIONS: _FLOODED), or the monotonic clock reaches `until`
+    (_QUIET).
 
     The clock is checked after every notification (psycopg's own timeout is checked only
     between batches), so others' notifications never keep the caller past `until`.
     """
     remaining = until - time.monotonic()
     if remaining <= 0:
-        return False
+        return _QUIET
     for others, notify in enumerate(conn.notifies(timeout=remaining)):
         if notify.channel == FINISHED_CHANNEL and notify.payload == run_id:
-            return False
+            return _SEEN
         if others >= FLOOD_NOTIFICATIONS:
-            return True
+            return _FLOODED
         if time.monotonic() >= until:
-            return False
-    return False
+            return _QUIET
+    return _QUIET
 
 
 def _discard_received(conn: psycopg.Connection[Any], *, until: float) -> None:
