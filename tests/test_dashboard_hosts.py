@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from psycopg_pool import ConnectionPool
@@ -215,7 +216,9 @@ def _startup(dsn: str, *extra: str, env: dict[str, str] | None = None) -> list[s
 
 def test_start_up_says_what_is_served(dsn: str) -> None:
     secret = "pw-that-must-not-show"
-    with_password = dsn.replace("postgresql://postgres@", f"postgresql://postgres:{secret}@")
+    parts = urlsplit(dsn)  # the machine's or the embedded server's URL, whatever its host part
+    host = parts.netloc.rsplit("@", 1)[-1]
+    with_password = urlunsplit(parts._replace(netloc=f"{parts.username}:{secret}@{host}"))
     assert secret in with_password
     lines = _startup(with_password, "--allow-cancel", "--allowed-host", "dash.example")
     text = "\n".join(lines)
