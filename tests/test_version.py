@@ -25,16 +25,23 @@ def test_version_is_the_one_pyproject_declares() -> None:
     assert agent_runs.__version__ == declared
 
 
-def _site_without_agent_runs(into: Path) -> Path:
-    """A copy (by symlinks) of this environment's site-packages without any trace of the
-    agent_runs install: its dist-info, its editable-install hooks, its data files."""
-    site = Path(sysconfig.get_paths()["purelib"])
-    into.mkdir()
-    for entry in site.iterdir():
-        if entry.name.startswith(("agent_runs", "__editable__", "_editable_impl_agent_runs")):
-            continue
-        (into / entry.name).symlink_to(entry)
-    return into
+def _sites_without_agent_runs(into: Path) -> list[Path]:
+    """Copies (by symlinks) of this interpreter's site-packages directories, in sys.path order
+    (a venv can reach another's through a .pth file, as CI's lowest-psycopg venv does), without
+    any trace of the agent_runs install: its dist-info, its editable-install hooks, its data."""
+    found = [Path(sysconfig.get_paths()["purelib"])]
+    found += [Path(entry) for entry in sys.path if entry.endswith("site-packages")]
+    sites = [site for site in dict.fromkeys(found) if site.is_dir()]
+    copies = []
+    for number, site in enumerate(sites):
+        copy = into / f"site-packages-{number}"
+        copy.mkdir(parents=True)
+        for entry in site.iterdir():
+            if entry.name.startswith(("agent_runs", "__editable__", "_editable_impl_agent_runs")):
+                continue
+            (copy / entry.name).symlink_to(entry)
+        copies.append(copy)
+    return copies
 
 
 def test_a_source_tree_that_was_never_installed_imports_with_an_unknown_version(
@@ -43,10 +50,10 @@ def test_a_source_tree_that_was_never_installed_imports_with_an_unknown_version(
     # `python -S`: no site module, so no .pth file runs and no site directory is searched but
     # the ones put on sys.path here: the checkout first (as PYTHONPATH would), then the
     # dependencies. importlib.metadata finds no agent_runs distribution on that path.
-    site = _site_without_agent_runs(tmp_path / "site-packages")
+    sites = [str(site) for site in _sites_without_agent_runs(tmp_path)]
     script = (
         "import sys\n"
-        f"sys.path[:0] = [{str(CHECKOUT)!r}, {str(site)!r}]\n"
+        f"sys.path[:0] = [{str(CHECKOUT)!r}, *{sites!r}]\n"
         "from importlib import metadata\n"
         "try:\n"
         "    metadata.version('agent_runs')\n"
