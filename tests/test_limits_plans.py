@@ -11,9 +11,8 @@ from typing import Any, Final
 import psycopg
 import pytest
 
-import agent_runs
 from agent_runs.repository import LEASE_EXPIRED_MESSAGE
-from tests.test_schedule_plans import _analyze, _nodes
+from tests.test_schedule_plans import _analyze, _nodes, seeded_clone
 
 # Limits first, so the insert trigger parks every keyed run (a limit of 0: the key is full).
 _SEED: Final = """
@@ -35,14 +34,7 @@ FROM generate_series(1, 50) AS i;
 
 @pytest.fixture(scope="module")
 def parked(_databases: Any) -> Iterator[psycopg.Connection[Any]]:
-    name = _databases.take_clone()
-    try:
-        with agent_runs.connect(_databases.server.url_for(name)) as conn:
-            conn.execute(_SEED)
-            conn.execute("VACUUM (ANALYZE) agent_runs")
-            yield conn
-    finally:
-        _databases.give_back(name)
+    yield from seeded_clone(_databases, _SEED)
 
 
 def test_0018_rebuilt_the_policys_claim_index_with_its_key_columns(

@@ -25,17 +25,23 @@ FROM generate_series(1, 50) AS i;
 """
 
 
-@pytest.fixture(scope="module")
-def scheduled(_databases: Any) -> Iterator[psycopg.Connection[Any]]:
-    """One database for the module: seeding 100,000 runs once is enough."""
-    name = _databases.take_clone()
+def seeded_clone(databases: Any, seed: str) -> Iterator[psycopg.Connection[Any]]:
+    """A clone of the migrated template, seeded by `seed` and analysed, for a module's plan
+    tests (seeding once is enough); given back afterwards."""
+    name = databases.take_clone()
     try:
-        with agent_runs.connect(_databases.server.url_for(name)) as conn:
-            conn.execute(_SEED)
+        with agent_runs.connect(databases.server.url_for(name)) as conn:
+            conn.execute(seed)
             conn.execute("VACUUM (ANALYZE) agent_runs")
             yield conn
     finally:
-        _databases.give_back(name)
+        databases.give_back(name)
+
+
+@pytest.fixture(scope="module")
+def scheduled(_databases: Any) -> Iterator[psycopg.Connection[Any]]:
+    """One database for the module: seeding 100,000 runs once is enough."""
+    yield from seeded_clone(_databases, _SEED)
 
 
 def _analyze(conn: psycopg.Connection[Any], name: str, params: dict[str, Any], mode: str) -> Any:
