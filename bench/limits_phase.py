@@ -14,8 +14,10 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any, Final
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import psycopg
+from psycopg import sql
 
 import agent_runs
 from agent_runs import AgentRunRepository
@@ -161,11 +163,18 @@ def _renewals_hot(url: str) -> float:
 def run_phase(url: str, quick: bool) -> dict[str, Any]:
     sizes = QUICK if quick else FULL
     current, today = query("claim_next"), without_limits(query("claim_next"))
-    other = url.rsplit("/", 1)[0] + "/" + url.rsplit("/", 1)[1] + "_nolimits"
+    # The database's name from the URL's path: an embedded server's URL carries its socket
+    # directory (slashes included) in the query string.
+    parts = urlsplit(url)
+    name = unquote(parts.path.lstrip("/"))
+    other_name = f"{name}_nolimits"
+    other = urlunsplit(parts._replace(path="/" + quote(other_name, safe="")))
     with psycopg.connect(url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{other.rsplit("/", 1)[1]}"')
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(other_name)))
         admin.execute(
-            f'CREATE DATABASE "{other.rsplit("/", 1)[1]}" TEMPLATE "{url.rsplit("/", 1)[1]}"'
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(other_name), sql.Identifier(name)
+            )
         )
     try:
         with agent_runs.connect(url) as limited, agent_runs.connect(other) as plain:
@@ -181,7 +190,11 @@ def run_phase(url: str, quick: bool) -> dict[str, Any]:
             )
     finally:
         with psycopg.connect(url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{other.rsplit("/", 1)[1]}" WITH (FORCE)')
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(other_name)
+                )
+            )
     return {
         **sizes,
         "p50_ms": p50,

@@ -2,7 +2,7 @@
 --                            matching the filters, the latest such attempt first, by (its
 --                            finished_at, run id), after the keyset cursor; the runs behind the
 --                            workers page's counts.
--- from: attempts finished since window_start with the given outcome, worker identity (owner
+-- from: attempts finished since window_start with any of the given outcomes, worker identity (owner
 --       token without its last ':' part) and attempt error_type, when not NULL
 -- to:   nothing (read only)
 -- returns: at most limit runs, the listing's columns, each with its attempt count, its last
@@ -18,7 +18,7 @@ WITH matched AS (
       AND a.finished_at >= %(window_start)s::timestamptz
       AND (a.finished_at, a.run_id) < (coalesce(%(before_at)s::timestamptz, 'infinity'),
                                        coalesce(%(before_id)s::text, ''))
-      AND (%(outcome)s::text IS NULL OR a.outcome = %(outcome)s::text)
+      AND (%(outcomes)s::text[] IS NULL OR a.outcome = ANY(%(outcomes)s::text[]))
       AND (%(error_type)s::text IS NULL OR a.error_type = %(error_type)s::text)
       AND (%(worker)s::text IS NULL
            OR regexp_replace(a.worker_id, ':[^:]*$', '') = %(worker)s::text)
@@ -26,7 +26,7 @@ WITH matched AS (
           SELECT FROM agent_run_attempts b
           WHERE b.run_id = a.run_id
             AND (b.finished_at, b.attempt_no) > (a.finished_at, a.attempt_no)
-            AND (%(outcome)s::text IS NULL OR b.outcome = %(outcome)s::text)
+            AND (%(outcomes)s::text[] IS NULL OR b.outcome = ANY(%(outcomes)s::text[]))
             AND (%(error_type)s::text IS NULL OR b.error_type = %(error_type)s::text)
             AND (%(worker)s::text IS NULL
                  OR regexp_replace(b.worker_id, ':[^:]*$', '') = %(worker)s::text))

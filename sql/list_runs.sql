@@ -1,14 +1,16 @@
 -- list_runs: one page of runs, newest first by (created_at, id), after the keyset cursor.
 -- from: any run matching every non-NULL filter: statuses, agent slug, thread, uid, key, worker
 --       identity (an attempt's owner token without its last ':' part), created since, stuck
---       (an expired live lease not reconciled yet, or pending longer than stuck_after_seconds)
+--       (an expired live lease not reconciled yet, or pending and available for longer than
+--       stuck_after_seconds)
 -- to:   nothing (read only)
 -- returns: at most limit runs, each with its attempt count and its last attempt's owner token;
 --          with documents false, input_payload, error_message, manifest and trace_context are
 --          NULL (a listing: the values are never read from TOAST nor sent); output always
--- notes: sql/README.md (clock); two halves with the same filters, merged: settled runs (pending
---        or finished) through the listing indexes, which leave live runs out, and live runs
---        (few, one per lease) through ix_agent_runs_live (NOT MATERIALIZED: each half reads its
+-- notes: sql/README.md (clock); three parts with the same filters, merged: settled runs
+--        (pending or finished) through the listing indexes, which leave live runs out; with
+--        stuck, pending runs instead, the only settled ones that can be stuck; and live runs
+--        (few, one per lease) through ix_agent_runs_live (NOT MATERIALIZED: each part reads its
 --        own index). The worker filter is a per-run probe of the run's few attempts by run_id
 --        (OFFSET 0 keeps it a probe, not a join reading every attempt), made while each half
 --        walks newest first, so it stops once the page is full: settled runs come in index
@@ -36,8 +38,9 @@ matching AS NOT MATERIALIZED (
                AND r.lease_expires_at <= (SELECT now FROM clock))
            OR (r.status = 'cancel_requested' AND r.worker_id IS NULL
                AND r.started_at IS NOT NULL)
+           -- available (created, scheduled or backed off until then) longer than stuck_after
            OR (r.status = 'pending'
-               AND r.created_at <= (SELECT now FROM clock)
+               AND r.available_at <= (SELECT now FROM clock)
                    - make_interval(secs => %(stuck_after_seconds)s::float8)))
 ),
 page AS (
@@ -52,6 +55,25 @@ page AS (
        -- else its index walk, filtered by a status it never holds, reads every row.
        AND CASE WHEN %(statuses)s::text[] IS NULL THEN true
                 ELSE NOT %(statuses)s::text[] <@ ARRAY['running', 'cancel_requested'] END
+       -- the only settled runs that can be stuck are pending: the next half reads them
+       AND NOT %(stuck)s::boolean
+     ORDER BY m.created_at DESC, m.id DESC
+     LIMIT %(limit)s)
+    UNION ALL
+    -- stuck: the pending runs, found through an index of live runs (OFFSET 0), each then
+    -- matched by its id, and sorted: not a walk of the listing index past every finished run
+    (SELECT m.*
+     FROM (SELECT r.id FROM agent_runs r WHERE r.status = 'pending' OFFSET 0) pending
+     CROSS JOIN LATERAL (SELECT * FROM matching m WHERE m.id = pending.id OFFSET 0) m
+     -- one-time filters: without stuck none of it is read
+     WHERE %(stuck)s::boolean
+       AND CASE WHEN %(statuses)s::text[] IS NULL THEN true
+                ELSE 'pending' = ANY (%(statuses)s::text[]) END
+       AND (%(worker)s::text IS NULL OR EXISTS (
+               SELECT FROM agent_run_attempts a
+               WHERE a.run_id = m.id
+                 AND regexp_replace(a.worker_id, ':[^:]*$', '') = %(worker)s::text
+               OFFSET 0))
      ORDER BY m.created_at DESC, m.id DESC
      LIMIT %(limit)s)
     UNION ALL

@@ -224,6 +224,32 @@ def test_login_with_the_token_in_the_browser(
         stop(served)
 
 
+def test_after_the_login_the_browser_is_back_on_the_page_it_asked_for(
+    dashboard_pool: ConnectionPool, open_page: Any, repo: AgentRunRepository
+) -> None:
+    run = finished_run(repo, status="failed", error_type="tool_error")
+    served = serve(create_app(dashboard_pool, token=TOKEN))
+    try:
+        watched = open_page()
+        page = watched.page
+        wanted = f"{served.url}/runs?status=failed&agent_slug={run.agent_slug}"
+        response = page.goto(wanted)
+        assert response is not None and response.status == 401
+        watched.problems.clear()  # the 401 itself, reported by the console
+        page.get_by_role("link", name="Log in with the dashboard's token").click()
+        page.get_by_label("Dashboard token").fill("not the token")
+        page.get_by_role("button", name="Log in").click()
+        page.get_by_role("alert").wait_for()
+        assert len(watched.problems) == 1 and "401" in watched.problems[0]  # the refusal
+        watched.problems.clear()
+        page.get_by_label("Dashboard token").fill(TOKEN)  # a failed try keeps the way back
+        page.get_by_role("button", name="Log in").click()
+        page.locator(f'a[href="/runs/{run.id}"]').first.wait_for()
+        assert page.url == wanted
+    finally:
+        stop(served)
+
+
 _SET_VISIBILITY = """state => {
     Object.defineProperty(document, "visibilityState", {value: state, configurable: true});
     Object.defineProperty(document, "hidden", {value: state === "hidden", configurable: true});

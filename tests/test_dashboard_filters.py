@@ -170,6 +170,31 @@ def test_the_workers_counts_link_to_the_runs_of_those_attempts(
     assert client.get("/runs?outcome=failed&agent_slug=a").status_code == 400
 
 
+def test_the_stopped_count_links_to_the_cancelled_and_interrupted_attempts_runs(
+    client: Any, repo: AgentRunRepository
+) -> None:
+    interrupted = finished_run(repo, status="interrupted", worker="host-5")
+    cancelled = new_run(repo)
+    owner = f"host-5:{cancelled.id[-6:]}"
+    assert repo.mark_running(cancelled.id, worker_id=owner, lease_seconds=60).acquired
+    assert repo.request_cancel(cancelled.id) is not None
+    ended = repo.set_terminal_status(cancelled.id, status="cancelled", worker_id=owner)
+    assert ended.changed
+    finished_run(repo, status="failed", worker="host-5")
+    html = client.get("/workers?since=1h").text
+    row = html.split('href="/runs?worker=host-5">', 1)[1].split("</tr>", 1)[0]
+    ((link, count),) = [
+        (href.replace("&amp;", "&"), text)
+        for href, text in re.findall(r'<a href="(/runs\?[^"]+)">([^<]+)</a>', row)
+        if "outcome=cancelled" in href
+    ]
+    assert count == "2" and "outcome=interrupted" in link and "finished=1h" in link
+    page = client.get(link).text
+    assert _listed(page) == {interrupted.id, cancelled.id}
+    assert "with outcome" in page and "multiple" in page  # the form keeps both outcomes
+    assert client.get("/runs?outcome=failed&outcome=exploded").status_code == 400
+
+
 def test_runs_by_attempt_pages_list_each_run_once(client: Any, repo: AgentRunRepository) -> None:
     ids = []
     for _ in range(3):

@@ -126,7 +126,7 @@ CASES: Final[dict[str, tuple[dict[str, Any], set[str]]]] = {
             "window_start": NOW - timedelta(hours=1),
             "before_at": None,
             "before_id": None,
-            "outcome": "failed",
+            "outcomes": ["failed", "lease_expired"],
             "error_type": None,
             "worker": "host-1",
             "limit": 51,

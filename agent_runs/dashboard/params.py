@@ -83,7 +83,7 @@ class RunsQuery:
     before: str = ""
     error_type: str = ""
     finished: str = ""
-    outcome: str = ""
+    outcomes: tuple[str, ...] = ()  # repeatable: any of them
     attempt_error_type: str = ""
     scheduled: bool = False  # pending runs not available yet, the soonest first
 
@@ -91,7 +91,7 @@ class RunsQuery:
     def by_attempt(self) -> bool:
         """Runs with an attempt finished in a window (outcome or attempt_error_type given, or
         a worker identity with a window): the workers page's counts."""
-        return bool(self.outcome or self.attempt_error_type or (self.worker and self.finished))
+        return bool(self.outcomes or self.attempt_error_type or (self.worker and self.finished))
 
     @property
     def by_finish(self) -> bool:
@@ -111,7 +111,7 @@ class RunsQuery:
             "stuck_after": self.stuck_after,
             "error_type": self.error_type,
             "finished": self.finished,
-            "outcome": self.outcome,
+            "outcome": self.outcomes,
             "attempt_error_type": self.attempt_error_type,
             "scheduled": self.scheduled,
         }
@@ -160,7 +160,7 @@ class RunsQuery:
             "before": self.before,
             "error_type": self.error_type,
             "finished": self.finished,
-            "outcome": self.outcome,
+            "outcome": list(self.outcomes),
             "attempt_error_type": self.attempt_error_type,
             "scheduled": "1" if self.scheduled else "",
         }
@@ -223,7 +223,6 @@ def runs_query(params: QueryParams) -> RunsQuery:
             "worker",
             "error_type",
             "finished",
-            "outcome",
             "attempt_error_type",
         )
     }
@@ -233,10 +232,12 @@ def runs_query(params: QueryParams) -> RunsQuery:
                 _checked(name, lambda n=name, v=value: check.worker_id(v, n))
             elif name == "finished":
                 _checked(name, lambda v=value: parse_duration("finished", v))
-            elif name == "outcome" and value not in OUTCOMES:
-                raise BadParameter(name, f"outcome must be one of {', '.join(OUTCOMES)}")
             else:
                 _checked(name, lambda n=name, v=value: check.identifier(n, v))
+    outcomes = [value for value in params.getlist("outcome") if value]
+    for value in outcomes:
+        if value not in OUTCOMES:
+            raise BadParameter("outcome", f"outcome must be one of {', '.join(OUTCOMES)}")
     stuck_text = single(params, "stuck").lower()
     if stuck_text not in _TRUE | _FALSE:
         raise BadParameter("stuck", "stuck must be 1 or 0 (on or off)")
@@ -254,6 +255,7 @@ def runs_query(params: QueryParams) -> RunsQuery:
         limit = int(limit_text)
     query = RunsQuery(
         statuses=tuple(dict.fromkeys(statuses)),
+        outcomes=tuple(dict.fromkeys(outcomes)),
         stuck=stuck_text in _TRUE,
         scheduled=scheduled_text in _TRUE,
         limit=limit,

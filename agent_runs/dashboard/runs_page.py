@@ -80,7 +80,7 @@ def _page_by_attempt(
         window_start=now - query.finished_window(),
         before=before,
         filters={
-            "outcome": query.outcome or None,
+            "outcomes": list(query.outcomes) or None,
             "error_type": query.attempt_error_type or None,
             "worker": query.worker or None,
         },
