@@ -136,7 +136,7 @@ class OperatorQueries:
 
         worker: runs with an attempt whose owner token, without its last ':' part, is exactly
         this identity. stuck: live leases expired and not reconciled yet, and pending runs
-        created more than `stuck_after` ago.
+        claimable for longer than `stuck_after` (counted from their available_at).
         """
         rows = yield from _list_rows(
             statuses=statuses,

@@ -64,7 +64,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--stuck",
         action="store_true",
-        help="expired leases not yet reconciled, and pending runs older than --stuck-after",
+        help=(
+            "expired leases not yet reconciled, and pending runs claimable for longer than "
+            "--stuck-after"
+        ),
     )
     p.add_argument("--stuck-after", default="15m", metavar="D", help="default 15m")
     p.add_argument(
