@@ -42,6 +42,10 @@ def visible(value: object) -> object:
     if len(text) > MAX_VALUE_LENGTH:
         cut = len(text) - MAX_VALUE_LENGTH
         text = f"{text[:MAX_VALUE_LENGTH]} … [truncated {cut} characters]"
+    # Every character escape changes is a backslash or one isprintable() refuses (categories
+    # Cc, Cf, Cs, Zl, Zp): the usual value (a run id, a worker name) passes at C speed.
+    if text.isprintable() and "\\" not in text:
+        return text
     return escape(text)
 
 

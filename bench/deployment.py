@@ -126,6 +126,8 @@ def deployment_targets(results: dict[str, Any]) -> list[Target]:
         for key, label, threshold in (
             ("durable_over_pgqueuer", "durable", 0.8),
             ("async_over_pgqueuer", "async completion", 1.0),
+            ("cli_durable_over_pgqueuer", "as a user runs it, durable", 0.75),
+            ("cli_async_over_pgqueuer", "as a user runs it, async completion", 0.9),
         ):
             found.append(
                 Target(

@@ -1,9 +1,12 @@
-"""Drain rate: one idle `agent-runs worker` process (16 threads, a no-op agent) and a burst,
-beside PgQueuer and Procrastinate on the same server in the same run.
+"""Drain rate: one idle `agent-runs worker` process (16 threads) and a burst, beside PgQueuer
+and Procrastinate on the same server in the same run.
 
 Each queue has its own database on the bench server, its schema installed by its own tool:
-- agent-runs: `agent-runs worker --concurrency 16` with a no-op agent, once per completion
-  mode when the CLI has `--completion` (durable, the default, and async);
+- agent-runs: `agent-runs worker --concurrency 16` with a no-op agent and a WARNING log, once
+  per completion mode when the CLI has `--completion` (durable, the default, and async);
+- agent-runs as a user runs it (bench.drain_cli): the same command with every other option at
+  its default (the scripted agent, the INFO log to a file), its runs created by `create_runs`
+  and released by one COMMIT; once per completion mode too;
 - PgQueuer: `pgq run` with `--batch-size 16` (its fetch batching), the asyncpg driver and a
   no-op entrypoint (bench.drain_pgqueuer);
 - Procrastinate: `procrastinate worker --concurrency 16` with a no-op async task
@@ -12,13 +15,15 @@ Each queue has its own database on the bench server, its schema installed by its
 The queues take turns, the order rotating with each repetition. In its turn a queue's worker
 process is started, waits until it LISTENs, and settles (idle and ready); then all the jobs are
 enqueued at once, in one transaction (agent-runs: INSERT … generate_series, which sends no
-wake-ups, then one notification per claimer thread; the others through their own bulk
-enqueue, whose commit notifies their worker). The drain time runs on the database clock from
-that commit to the completion time the queue records for its last job (agent-runs: the run's
-`finished_at`; PgQueuer: its log row's `created`; Procrastinate: its `succeeded` event's `at`);
-it is also polled every 50 ms. Then the worker is stopped by its PID. Median of the
-repetitions. PgQueuer and Procrastinate come with `pip install 'agent_runs[compare]'` (`make
-bench` installs them); where they are not installed they are left out, with the reason.
+wake-ups, then one notification per claimer thread; as a user runs it: `create_runs` in
+chunks of 1,000 in one transaction, whose commit wakes the worker once per agent slug; the
+others through their own bulk enqueue, whose commit notifies their worker). The drain time
+runs on the database clock from that commit to the completion time the queue records for its
+last job (agent-runs: the run's `finished_at`; PgQueuer: its log row's `created`;
+Procrastinate: its `succeeded` event's `at`); it is also polled every 50 ms. Then the worker
+is stopped by its PID. Median of the repetitions. PgQueuer and Procrastinate come with
+`pip install 'agent_runs[compare]'` (`make bench` installs them); where they are not
+installed they are left out, with the reason.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any, Final
 
 from agent_runs import AgentRun
 from agent_runs.worker import AgentResult, RunContext
+from bench.drain_cli import user_queue
 from bench.drain_queues import (
     CONCURRENCY,
     PGQUEUER_BATCH,
@@ -50,6 +56,8 @@ LABELS: Final = {
     "agent_runs": "agent-runs worker",
     "agent_runs_durable": "agent-runs worker, durable",
     "agent_runs_async": "agent-runs worker, async",
+    "agent_runs_cli_durable": "agent-runs worker as a user runs it, durable",
+    "agent_runs_cli_async": "agent-runs worker as a user runs it, async",
     "pgqueuer": "PgQueuer",
     "procrastinate": "Procrastinate",
 }
@@ -75,6 +83,8 @@ def run_phase(url: str, quick: bool) -> dict[str, Any]:
     modes = completion_modes()
     for mode in modes:
         queues.append(agent_runs_queue(url, mode))
+    if modes[0] is not None:  # a CLI from before --completion: the first variant alone
+        queues.extend(user_queue(url, mode) for mode in modes)
     try:
         for name in OTHERS:
             if importlib.util.find_spec(name) is None:
@@ -141,6 +151,8 @@ def _summary(
     for key, name in (
         ("durable_over_pgqueuer", ours_key),
         ("async_over_pgqueuer", "agent_runs_async"),
+        ("cli_durable_over_pgqueuer", "agent_runs_cli_durable"),
+        ("cli_async_over_pgqueuer", "agent_runs_cli_async"),
     ):
         if name in measured:
             ratios[key] = measured[name]["runs_per_second"] / pgqueuer["runs_per_second"]
@@ -213,6 +225,8 @@ def render_phase(result: dict[str, Any]) -> list[str]:
     for key, label in (
         ("durable_over_pgqueuer", "agent-runs (durable) ÷ PgQueuer"),
         ("async_over_pgqueuer", "agent-runs (async) ÷ PgQueuer"),
+        ("cli_durable_over_pgqueuer", "agent-runs as a user runs it (durable) ÷ PgQueuer"),
+        ("cli_async_over_pgqueuer", "agent-runs as a user runs it (async) ÷ PgQueuer"),
     ):
         if key in ratios:
             each = result.get("ratios_per_repetition", {}).get(key, [])
@@ -222,6 +236,8 @@ def render_phase(result: dict[str, Any]) -> list[str]:
     for key, label in (
         ("agent_runs_durable", "agent-runs (durable)"),
         ("agent_runs_async", "agent-runs (async)"),
+        ("agent_runs_cli_durable", "agent-runs as a user runs it (durable)"),
+        ("agent_runs_cli_async", "agent-runs as a user runs it (async)"),
     ):
         ours_cpu = queues.get(key, {}).get("server_cpu_us_per_job")
         if ours_cpu and pgqueuer_cpu:

@@ -78,7 +78,7 @@ def agent_runs_queue(url: str, mode: str | None) -> Queue:
         last_done_sql="SELECT max(finished_at) FROM agent_runs",
         settings=settings,
         check_sql="SELECT count(*) FROM agent_runs WHERE status <> 'completed'",
-        ready_sql=_LISTENING,
+        ready_sql=LISTENING,
     )
 
 
@@ -123,7 +123,7 @@ def other_queue(name: str, url: str) -> Queue:
         done_sql=module.DONE_SQL,
         last_done_sql=module.LAST_DONE_SQL,
         settings=settings,
-        ready_sql=_CONNECTED if name == "pgqueuer" else _LISTENING,
+        ready_sql=_CONNECTED if name == "pgqueuer" else LISTENING,
     )
 
 
@@ -195,7 +195,7 @@ def _process(command: list[str], env: dict[str, str]) -> Iterator[subprocess.Pop
 
 # Ready: a backend of the worker has LISTEN in force (its last statement). PgQueuer listens and
 # queries on one connection, so there: its backend is connected and idle.
-_LISTENING: Final[LiteralString] = (
+LISTENING: Final[LiteralString] = (
     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
     " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
     " AND query ILIKE 'LISTEN %'"
