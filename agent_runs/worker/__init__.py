@@ -1,12 +1,16 @@
-"""Synchronous worker runtime: claim a run, execute an agent, heartbeat the lease, record the end.
+"""Synchronous worker: claim a run, execute an agent, heartbeat the lease, record the end.
 
-The package, one job per module: `protocol` (what an agent is and sees), `heartbeat` (leases
-held, renewed in batches, cancel requests seen), `outcome` (the decision, a pure function),
-`completer` (writing it with a proven lease), `claimer` (run_forever's claims, one statement for
-the free slots), `flusher` (the writer thread for handed-over ends), `batching` (run_once's group
-commit), `claims` (the claim statements, the lost-reply search), `executor` (one claimed run:
-cancel checks, the agent call, the end decided and handed), `reconciler` (the reconcile pass),
-`loop` (a run_forever thread), `runtime` (the Worker: construction, lifecycle, run_once).
+The package is a pipeline of parts, one job per module, wired together by `runtime` (the
+Worker) and holding nothing of it: `claims` (the claim statements and the one search for claims
+whose reply was lost) feed `claimer` (the claim source: free slots, the queue of claimed runs),
+which feeds the run_forever threads (`loop`); each executes a run (`executor`: cancel checks,
+the agent call, the end decided and handed) and hands its end to `flusher` (the writer thread),
+which writes it through `completer` (a decision written while its lease can be proven) and gives
+the slot back to the claim source. Beside them: `lease` (a lease held, a run claimed),
+`heartbeat` (leases renewed in batches, cancel requests seen), `protocol` (what an agent is and
+sees; `result`: AgentResult), `outcome` (the decision, a pure function), `batching` (group
+commit: run_once's claims and ends), `reconciler`, `listening` (the wake-up listener),
+`checkout` (a connection per call), `coroutines`, `subagents`, `exception_text`.
 """
 
 from __future__ import annotations

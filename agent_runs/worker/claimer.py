@@ -1,4 +1,4 @@
-"""The claimer: one thread claims runs for every `run_forever` thread of the process.
+"""The claim source: one thread claims runs for every `run_forever` thread of the process.
 
 Each `run_forever` thread is one slot. A claim takes a slot for its run; the slot comes back
 once the run's end has committed (with async completion: once the end was handed over), or
@@ -7,8 +7,12 @@ statement (oldest runs first, up to MAX_BATCH), and queues what it got; a `run_f
 takes the next claimed run, executes it and hands its end to the writer thread
 (agent_runs/worker/flusher.py), then takes the next one without waiting for that statement.
 
-With durable completion the writer claims for the slots its batch of ends frees in that batch's
-own transaction (`refill_wanted`, `refilled`); the claimer claims for the others.
+With durable completion the writer claims in its batch's own transaction (`claim_with_ends`):
+for the slots that batch frees and for the slots already free, which it reserves here first so
+that the claimer thread does not claim for them too; the claimer claims for the others.
+
+The claimer is given its statements and its surroundings as functions (claim, claim with ends,
+release, reconcile, the wake-ups, the next scheduled run); it holds nothing of the worker.
 
 So no more runs are held than there are threads, a run counts as done only once its end
 committed, and under load the claim and finish statements carry a batch each, not a run each:
@@ -24,10 +28,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from queue import Empty, SimpleQueue
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from psycopg_pool import PoolClosed
 
@@ -35,9 +39,9 @@ from agent_runs import validation as check
 from agent_runs.backoff import Backoff
 from agent_runs.errors import DB_ERRORS
 from agent_runs.logs import logger
-from agent_runs.models import AgentRun
-from agent_runs.worker.heartbeat import Lease
-from agent_runs.worker.text import one_line
+from agent_runs.models import Finish
+from agent_runs.worker.exception_text import one_line
+from agent_runs.worker.lease import Claimed
 
 if TYPE_CHECKING:
     from agent_runs.notify import Wakeups
@@ -63,46 +67,38 @@ class Slot:
         return not self.stop.is_set()
 
 
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    """A run claimed for a slot, waiting for a thread to execute it."""
-
-    run: AgentRun
-    lease: Lease
-    attempt_no: int | None  # None: found after a lost reply, the thread reads its attempt
-
-
-class ClaimingWorker(Protocol):
-    """What the claimer needs of the worker it claims for (agent_runs.worker.Worker)."""
-
-    @property
-    def stopping(self) -> bool: ...
-
-    @property
-    def lease_seconds(self) -> float: ...
-
-    @property
-    def connection_timeout(self) -> float: ...
-
-    @property
-    def poll_seconds(self) -> float: ...
-
-    def listener(self) -> Wakeups | None: ...
-
-    def maybe_reconcile(self) -> list[AgentRun]: ...
-
-    def claim_for_slots(self, count: int) -> list[Claimed]: ...
-
-    def next_available_in(self) -> float | None: ...
-
-    def release_unstarted(self, claimed: Sequence[Claimed]) -> None: ...
+# The writer's statement: finish_runs for the ends and a claim of up to n runs (Claiming.with_ends).
+ClaimWithEnds = Callable[[list[Finish], int], tuple[list[datetime | None] | None, list[Claimed]]]
 
 
 class Claimer:
     """Claims for the free slots of the process's `run_forever` threads (module docstring)."""
 
-    def __init__(self, worker: ClaimingWorker) -> None:
-        self._worker = worker
+    def __init__(
+        self,
+        claim: Callable[[int], list[Claimed]],
+        *,
+        release: Callable[[Sequence[Claimed]], None],
+        stopping: threading.Event,
+        poll_seconds: float,
+        close_timeout: float,
+        reconcile: Callable[[], object] = lambda: None,
+        wakeups: Callable[[], Wakeups | None] = lambda: None,
+        next_available_in: Callable[[], float | None] = lambda: None,
+        claim_with_ends: ClaimWithEnds | None = None,
+    ) -> None:
+        """`claim(n)` claims up to n runs; `release(runs)` releases claimed runs nobody will
+        execute; `stopping` set: the worker stops; `close_timeout`: how long close() waits for
+        the claimer thread; `claim_with_ends`: the writer's statement (durable completion)."""
+        self._claim = claim
+        self._release = release
+        self._stopping = stopping
+        self._poll_seconds = poll_seconds
+        self._close_timeout = close_timeout
+        self._reconcile = reconcile
+        self._wakeups = wakeups
+        self._next_available_in = next_available_in
+        self._claim_with_ends = claim_with_ends
         self._changed = threading.Condition()
         self._slots: list[Slot] = []  # one per run_forever thread
         self._held = 0  # slots taken by a claim (sent, queued, executing, or its end unwritten)
@@ -128,15 +124,14 @@ class Claimer:
             self._changed.notify_all()
         return slot
 
-    def leave(self, slot: Slot) -> list[Claimed]:
+    def leave(self, slot: Slot) -> None:
         """A run_forever thread takes its slot away. Once no thread that goes on is left (or
-        the worker stops), it gets the claimed runs that no thread will take now (the caller
-        releases them)."""
+        the worker stops), the claimed runs that no thread will take now are released."""
         with self._changed:
             self._slots.remove(slot)
             left = self._drain() if self._nobody_takes_runs() else []
             self._changed.notify_all()
-        return left
+        self.release(left)
 
     def put_back(self, claimed: Claimed) -> bool:
         """A run taken by a thread that stops (alone) before it started it: queued again for an
@@ -157,32 +152,53 @@ class Claimer:
     def give_back(self, count: int = 1) -> None:
         """`count` slots' runs need nothing more written: they can be claimed for again (all
         at once, so that the next claim is one statement for them all)."""
-        with self._changed:
-            self._held -= count
-            self._changed.notify_all()
+        if count:
+            with self._changed:
+                self._held -= count
+                self._changed.notify_all()
 
-    def refill_wanted(self, ending: int) -> int:
-        """How many runs to claim in the transaction that writes the ends of `ending` held slots:
-        as many of those slots as are left for threads that go on (none while stopping)."""
-        with self._changed:
-            if self._ending():
-                return 0
-            return max(0, min(ending, self._free() + ending, check.MAX_BATCH))
+    def release(self, claimed: Sequence[Claimed]) -> None:
+        """Release for retry runs claimed for slots and never started; their slots come back."""
+        if claimed:
+            try:
+                self._release(claimed)
+            finally:
+                self.give_back(len(claimed))
 
-    def refilled(self, written: int, claimed: list[Claimed]) -> None:
-        """`written` held slots' ends committed in the transaction that claimed `claimed` (no
-        more runs than ends): the runs are queued for the threads, the other slots come back."""
+    def claim_with_ends(
+        self, finishes: list[Finish]
+    ) -> tuple[list[datetime | None] | None, int] | None:
+        """The writer's batch of ends (each of a held slot) and, in the same statement, the
+        next runs of those slots and of the slots already free, as many as are left for threads
+        that go on. Each end's finished_at (None where refused; None for all: in doubt), and
+        how many of the ending slots are settled: given their next run or back (the writer
+        gives back the others once their ends are written alone).
+
+        None when it claims nothing (async completion, stopping, no slot left): the writer
+        writes the ends alone."""
+        ending = len(finishes)
+        with self._changed:
+            if self._claim_with_ends is None or self._ending():
+                return None
+            wanted = max(0, min(ending + self._free(), check.MAX_BATCH))
+            if not wanted:
+                return None
+            # The free slots are reserved here, so that the claimer thread leaves them alone.
+            extra = max(0, wanted - ending)
+            self._held += extra
+        try:
+            finished, claimed = self._claim_with_ends(finishes, wanted)
+        except BaseException:
+            self.give_back(extra)
+            raise
+        if finished is None:  # in doubt: the runs found take the reserved free slots first
+            settled = min(ending, max(0, len(claimed) - extra))
+        else:
+            settled = sum(at is not None for at in finished)
         self.batches += 1
         self.items += len(claimed)
-        with self._changed:
-            self._held += len(claimed) - written
-            orphaned = self._nobody_takes_runs()
-            if not orphaned:
-                for one in claimed:
-                    self._ready.put(one)
-            self._changed.notify_all()
-        if orphaned:
-            self._worker.release_unstarted(claimed)
+        self._deliver(claimed, reserved=settled + extra)
+        return finished, settled
 
     def interrupt(self) -> None:
         """Wake every thread waiting for a run (the worker stops)."""
@@ -196,18 +212,18 @@ class Claimer:
         """Stop the claimer thread; release what it claimed that no thread took.
 
         A claim whose reply was lost is looked for until its lease ends, so this waits for the
-        claimer at most that long (then leaves it, a daemon, to the process's exit)."""
+        claimer at most `close_timeout` (then leaves it, a daemon, to the process's exit)."""
         with self._changed:
             self._closed = True
             self._changed.notify_all()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(self._worker.lease_seconds + self._worker.connection_timeout)
+            thread.join(self._close_timeout)
             if thread.is_alive():
                 log.warning("the claimer did not end within a lease; leaving it")
         with self._changed:
             left = self._drain()
-        self._worker.release_unstarted(left)
+        self.release(left)
 
     def _drain(self) -> list[Claimed]:
         """The queued runs, taken out (the caller holds the lock)."""
@@ -223,8 +239,7 @@ class Claimer:
     # -- the claimer thread ----------------------------------------------------------------
 
     def _loop(self) -> None:
-        worker = self._worker
-        wakeups = worker.listener()
+        wakeups = self._wakeups()
         if wakeups is not None:  # one claimer: one kept wake-up is enough
             wakeups.limit_pending(1)
         backoff = Backoff()
@@ -242,8 +257,8 @@ class Claimer:
                 wanted = max(0, min(self._free(), check.MAX_BATCH))
                 self._held += wanted
             try:
-                worker.maybe_reconcile()
-                claimed = worker.claim_for_slots(wanted) if wanted else []
+                self._reconcile()
+                claimed = self._claim(wanted) if wanted else []
             except PoolClosed:
                 self.give_back(wanted)
                 log.info("pool closed; the claimer ends")
@@ -266,7 +281,9 @@ class Claimer:
             if not wanted:
                 continue
             backoff.reset()
-            self._deliver(claimed, wanted)
+            self.batches += 1
+            self.items += len(claimed)
+            self._deliver(claimed, reserved=wanted)
             if len(claimed) < wanted:  # nothing more is claimable now
                 self._idle(wakeups)
 
@@ -281,21 +298,21 @@ class Claimer:
         return self._ending() or not any(slot.goes_on() for slot in self._slots)
 
     def _ending(self) -> bool:
-        return self._closed or self._worker.stopping
+        return self._closed or self._stopping.is_set()
 
-    def _deliver(self, claimed: list[Claimed], wanted: int) -> None:
-        """Queue the claimed runs for the threads; release them when no thread is left to take
+    def _deliver(self, claimed: list[Claimed], *, reserved: int) -> None:
+        """`claimed` came for `reserved` held slots (no more runs than slots): queue them for
+        the threads, give the other slots back; release them when no thread is left to take
         them (or the worker stops)."""
-        self.batches += 1
-        self.items += len(claimed)
         with self._changed:
-            self._held -= wanted - len(claimed)
+            self._held -= reserved - len(claimed)
             orphaned = self._nobody_takes_runs()
             if not orphaned:
                 for one in claimed:
                     self._ready.put(one)
+            self._changed.notify_all()
         if orphaned:
-            self._worker.release_unstarted(claimed)
+            self.release(claimed)
 
     def _pause(self, seconds: float) -> None:
         with self._changed:
@@ -305,7 +322,7 @@ class Claimer:
 
     def _next_available(self) -> float | None:
         try:
-            return self._worker.next_available_in()
+            return self._next_available_in()
         except DB_ERRORS:
             return None  # the poll stays the safety net
 
@@ -316,14 +333,13 @@ class Claimer:
         runs every poll_seconds; while it is down, at most every second (when listening was
         meant to be there).
         """
-        worker = self._worker
         started = time.monotonic()
         # A run scheduled for later sends no wake-up when it becomes available: a poll slower
         # than a second asks once when that is, and sleeps no longer (one read per idle spell).
-        scheduled = self._next_available() if worker.poll_seconds > 1.0 else None
+        scheduled = self._next_available() if self._poll_seconds > 1.0 else None
         while not self._ending():
             listening = wakeups is not None and wakeups.listening
-            interval = worker.poll_seconds
+            interval = self._poll_seconds
             if wakeups is not None and not listening:
                 interval = min(interval, 1.0)
             if scheduled is not None:

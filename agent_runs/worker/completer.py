@@ -11,9 +11,7 @@ a cancel request arrived after the last heartbeat: then the run is finished `can
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-from dataclasses import replace
+from collections.abc import Sequence
 from datetime import datetime
 
 from psycopg_pool import PoolClosed
@@ -23,15 +21,14 @@ from agent_runs.backoff import Backoff
 from agent_runs.errors import DB_ERRORS
 from agent_runs.logs import logger
 from agent_runs.models import AgentRun, AttemptOutcome, Finish, RunStatus
-from agent_runs.repository import AgentRunRepository
 from agent_runs.worker.batching import GroupCommit
-from agent_runs.worker.heartbeat import Lease
-from agent_runs.worker.outcome import CANCELLED, Decision
-from agent_runs.worker.text import one_line
+from agent_runs.worker.checkout import Repositories
+from agent_runs.worker.exception_text import one_line
+from agent_runs.worker.heartbeat import HeartbeatService
+from agent_runs.worker.lease import Claimed, Lease
+from agent_runs.worker.outcome import CANCELLED, RELEASE, Decision, finish_of, run_as_written
 
 log = logger("agent_runs.worker")
-
-Repositories = Callable[[], AbstractContextManager[AgentRunRepository]]
 
 
 class Completer:
@@ -233,38 +230,20 @@ class Completer:
             return run
 
 
-def finish_of(run: AgentRun, lease: Lease, decision: Decision) -> Finish:
-    """The finish_runs item of a terminal decision, validated alone: a bad item must not fail
-    the other threads' batch."""
-    assert decision.status is not None
-    finish = Finish(
-        run.id,
-        lease.worker_id,
-        decision.status,
-        decision.error_type,
-        decision.error_message,
-        decision.output,
-    )
-    check.finishes([finish])
-    return finish
-
-
-def run_as_written(run: AgentRun, decision: Decision, finished_at: datetime | None) -> AgentRun:
-    """The run as finish_runs writes `decision`, from what is sent (its lean answer is
-    finished_at; None while the write is still to come)."""
-    assert decision.status is not None
-    return replace(
-        run,
-        status=decision.status,
-        error_type=decision.error_type,
-        error_message=check.error_message(decision.error_message),
-        output=decision.output,
-        worker_id=None,
-        heartbeat_at=None,
-        lease_expires_at=None,
-        finished_at=finished_at,
-        updated_at=finished_at or run.updated_at,
-    )
+def release_unstarted(
+    claimed: Sequence[Claimed], *, completer: Completer, heartbeat: HeartbeatService
+) -> None:
+    """Release for retry runs that were claimed and never started (no thread is left to take
+    them, or the worker stops); each lease is untracked once nothing is left to write for it."""
+    for one in claimed:
+        tag = f"run {one.run.id} ({one.lease.worker_id})"
+        log.info("%s: no thread left to execute it; releasing", tag)
+        try:
+            completer.finish(one.run, one.lease, RELEASE, tag)
+        except Exception:  # the others are still released; this one's lease expires
+            log.exception("%s: could not release it", tag)
+        finally:
+            heartbeat.untrack(one.lease)
 
 
 def _cancel_arrived(current: AgentRun | None, lease: Lease, decision: Decision) -> bool:

@@ -7,11 +7,12 @@ decision the batch did not write (refused, or a database failure) goes through t
 one-run path, with its retries and explanations.
 
 Who hands over: the `run_forever` threads, always. With durable completion (the default) their
-slot comes back only once the end is written (`on_written`), so the process never holds more
-runs than threads, and a run counts as done only once its end committed. There the writer also
-claims the next runs of the slots a batch frees in the batch's own statement and commit
-(`Refill`, sql/finish_runs_and_claim.sql): a slot goes from its run's end to its next run with
-one commit, not two, and a refused end keeps its slot until it is written alone. `run_once`
+slot comes back to the claim source (claimer.py) only once the end is written, so the process
+never holds more runs than threads, and a run counts as done only once its end committed. There
+the writer also claims, in the batch's own statement and commit (`Claimer.claim_with_ends`,
+sql/finish_runs_and_claim.sql), the next runs of the slots the batch frees and of the slots
+already free: a slot goes from its run's end to its next run with one commit, not two, and a
+refused end keeps its slot until it is written alone. `run_once`
 hands over only with the opt-in asynchronous completion (`Worker(completion="async")`), where
 the caller is told the decision before it is written.
 
@@ -26,36 +27,22 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
 
 import psycopg
 
 from agent_runs.errors import DB_ERRORS
 from agent_runs.logs import logger
 from agent_runs.models import AgentRun, Finish
-from agent_runs.worker.completer import Completer, finish_of
-from agent_runs.worker.heartbeat import HeartbeatService, Lease
-from agent_runs.worker.outcome import Decision
-from agent_runs.worker.text import one_line
+from agent_runs.worker.claimer import Claimer
+from agent_runs.worker.completer import Completer
+from agent_runs.worker.exception_text import one_line
+from agent_runs.worker.heartbeat import HeartbeatService
+from agent_runs.worker.lease import Lease
+from agent_runs.worker.outcome import Decision, finish_of
 
 log = logger("agent_runs.worker")
-
-
-class Refill(Protocol):
-    """Claims the next runs of the slots a batch of ends frees, in the batch's own transaction
-    (agent_runs.worker.Worker, durable completion)."""
-
-    def slots_to_refill(self, ending: int) -> int: ...
-
-    def finish_and_claim(
-        self, finishes: list[Finish], slots: int
-    ) -> tuple[list[datetime | None] | None, int]:
-        """Each end's finished_at (None where refused; None for all: in doubt), and how many
-        of the slots got their next run or came back (their ends are written)."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +56,9 @@ class _Handed:
 
 class Flusher:
     """One background thread (started by the first hand-over) writing terminal decisions in
-    batches; `on_written(n)` says that n more handed ends are written (or given up)."""
+    batches. With `slots` (durable completion), each handed end holds a slot of that claim
+    source until it is written (or given up): the writer claims with the ends, and gives the
+    slots back."""
 
     def __init__(
         self,
@@ -77,14 +66,12 @@ class Flusher:
         heartbeat: HeartbeatService,
         *,
         max_batch: int,
-        on_written: Callable[[int], None] | None = None,
-        refill: Refill | None = None,
+        slots: Claimer | None = None,
     ) -> None:
         self._completer = completer
         self._heartbeat = heartbeat
         self._max_batch = max_batch
-        self._on_written = on_written
-        self._refill = refill
+        self._slots = slots
         self._changed = threading.Condition()
         self._queue: list[_Handed] = []
         self._writing = 0  # handed items taken by the thread and not yet written
@@ -162,16 +149,17 @@ class Flusher:
                 del self._queue[: self._max_batch]
                 self._writing = len(batch)
                 self._changed.notify_all()
-            settled = [0]  # slots the refill already gave their next run (or back)
+            settled = 0  # ending slots the batch's statement settled (next run, or back)
             try:
-                self._write(batch, settled)
+                finished, in_doubt, settled = self._statement([h.finish for h in batch])
+                self._write_alone(batch, finished, in_doubt)
             except Exception:  # never let the flusher die: the leases then expire, reconciled
                 log.exception("flusher round failed unexpectedly")
             finally:
                 for handed in batch:
                     self._heartbeat.untrack(handed.lease)
-                if self._on_written is not None and len(batch) > settled[0]:
-                    self._on_written(len(batch) - settled[0])
+                if self._slots is not None:
+                    self._slots.give_back(len(batch) - settled)
                 with self._changed:
                     self._unwritten.difference_update(id(handed.lease) for handed in batch)
                     self._writing = 0
@@ -179,29 +167,35 @@ class Flusher:
                     self.items += len(batch)
                     self._changed.notify_all()
 
-    def _write(self, batch: list[_Handed], settled: list[int]) -> None:
-        finishes = [handed.finish for handed in batch]
-        in_doubt = False  # the batch may have committed although its reply was lost
-        refill = self._refill
-        slots = refill.slots_to_refill(len(batch)) if refill is not None else 0
+    def _statement(self, finishes: list[Finish]) -> tuple[list[datetime | None], bool, int]:
+        """The batch's statement: each end's finished_at (None: not written by it), whether
+        the statement may have committed although its reply was lost, and how many ending slots
+        it settled (with durable completion it claims their next runs)."""
         try:
-            if refill is not None and slots:
-                answer, settled[0] = refill.finish_and_claim(finishes, slots)
-                in_doubt = answer is None
-                finished = [None] * len(batch) if answer is None else answer
-            else:
-                finished = self._completer.finish_batch(finishes)
+            answer = None if self._slots is None else self._slots.claim_with_ends(finishes)
+            if answer is None:
+                return self._completer.finish_batch(finishes), False, 0
+            finished, settled = answer
+            if finished is None:
+                return [None] * len(finishes), True, settled
+            return finished, False, settled
         except DB_ERRORS as exc:
-            log.warning("could not write %d end(s) in a batch (%s)", len(batch), one_line(exc))
-            finished, in_doubt = [None] * len(batch), True
+            log.warning("could not write %d end(s) in a batch (%s)", len(finishes), one_line(exc))
+            return [None] * len(finishes), True, 0
         except psycopg.Error as exc:  # the server refused the statement: nothing was written
-            log.warning("the batch of %d end(s) was refused (%s)", len(batch), one_line(exc))
-            finished = [None] * len(batch)
+            log.warning("the batch of %d end(s) was refused (%s)", len(finishes), one_line(exc))
+            return [None] * len(finishes), False, 0
+
+    def _write_alone(
+        self, batch: list[_Handed], finished: list[datetime | None], in_doubt: bool
+    ) -> None:
+        """What the statement did not write goes one run at a time, where it is explained
+        (refused) or confirmed (in doubt)."""
         for handed, finished_at in zip(batch, finished, strict=True):
             if finished_at is not None:
                 log.info("%s: %s (written)", handed.tag, handed.decision.status)
                 continue
-            try:  # refused or in doubt: one run at a time, where it is explained or confirmed
+            try:
                 self._completer.finish(
                     handed.run,
                     handed.lease,

@@ -1,7 +1,6 @@
 """The heartbeat: every lease the process holds, renewed in one statement per round.
 
-A lease is proven live until `deadline` (monotonic): the moment a successful claim or renewal
-was *sent* plus the lease, so it never outlives the database's own expiry. A refused renewal
+A renewal moves a lease's deadline to the moment it was sent plus the lease. A refused renewal
 means the lease is lost; a cancel request shows up as the run's status in the renewal's answer.
 """
 
@@ -19,34 +18,16 @@ from agent_runs.logs import logger
 from agent_runs.models import RunStatus
 from agent_runs.repository import AgentRunRepository
 from agent_runs.telemetry_guard import deferred
-from agent_runs.worker.connection import connection
-from agent_runs.worker.text import one_line
+from agent_runs.worker.checkout import connection
+from agent_runs.worker.exception_text import one_line
+from agent_runs.worker.lease import Lease
 
 if TYPE_CHECKING:  # telemetry off never imports it
     from agent_runs.telemetry import Telemetry
 
 log = logger("agent_runs.worker")
 
-
-class Lease:
-    """What this process knows about one lease it holds; written by the heartbeat thread."""
-
-    def __init__(self, run_id: str, worker_id: str, lease_seconds: float, deadline: float) -> None:
-        self.run_id = run_id
-        self.worker_id = worker_id
-        self.lease_seconds = lease_seconds
-        self.deadline = deadline
-        self.lost = False  # a renewal was refused: someone else decides this run's fate now
-        self.cancel_requested = False
-        self.heartbeat_stopped = False  # the agent opted out (ctx.stop_heartbeat)
-        self.finishing = False  # the final write is under way: a refusal may be our own write
-        self.written_later = False  # handed to the asynchronous flusher, which untracks it
-
-    def expired(self) -> bool:
-        return time.monotonic() >= self.deadline
-
-    def provable(self) -> bool:
-        return not self.lost and not self.expired()
+__all__ = ["HeartbeatService", "Lease"]
 
 
 class HeartbeatService:

@@ -9,19 +9,22 @@ worker's max_tries as a cap); any other exception -> `failed` / `agent_error`; a
 not a valid AgentResult -> `failed` / `agent_error`, saying what it was; an output the JSON rules
 refuse -> `failed` / `invalid_output`, saying why; else the AgentResult. A
 cancel or a shutdown release keeps the error the agent's ending carried. Error text from the
-agent is a fact: it is made storable, never dropped.
+agent is a fact: it is made storable, never dropped. Also here, as pure functions: the
+`finish_runs` item of a terminal decision, and the run as that decision writes it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, Final
 
 from agent_runs import validation as check
 from agent_runs.errors import InvalidArgument, RetryableError
-from agent_runs.models import RunStatus
-from agent_runs.worker.protocol import AgentResult
-from agent_runs.worker.text import exception_text
+from agent_runs.models import AgentRun, Finish, RunStatus
+from agent_runs.worker.exception_text import exception_text
+from agent_runs.worker.lease import Lease
+from agent_runs.worker.result import AgentResult
 
 # An object the agent returned instead of a result is described in at most this many characters.
 _MAX_DESCRIBED: Final = 500
@@ -184,3 +187,37 @@ def _describe(value: object) -> str:
         return described
     cut = len(described) - _MAX_DESCRIBED
     return f"{described[:_MAX_DESCRIBED]} … [truncated {cut} characters]"
+
+
+def finish_of(run: AgentRun, lease: Lease, decision: Decision) -> Finish:
+    """The finish_runs item of a terminal decision, validated alone: a bad item must not fail
+    the other threads' batch."""
+    assert decision.status is not None
+    finish = Finish(
+        run.id,
+        lease.worker_id,
+        decision.status,
+        decision.error_type,
+        decision.error_message,
+        decision.output,
+    )
+    check.finishes([finish])
+    return finish
+
+
+def run_as_written(run: AgentRun, decision: Decision, finished_at: datetime | None) -> AgentRun:
+    """The run as finish_runs writes `decision`, from what is sent (its lean answer is
+    finished_at; None while the write is still to come)."""
+    assert decision.status is not None
+    return replace(
+        run,
+        status=decision.status,
+        error_type=decision.error_type,
+        error_message=check.error_message(decision.error_message),
+        output=decision.output,
+        worker_id=None,
+        heartbeat_at=None,
+        lease_expires_at=None,
+        finished_at=finished_at,
+        updated_at=finished_at or run.updated_at,
+    )

@@ -1,4 +1,5 @@
-"""The agent protocol: `agent(run, ctx) -> AgentResult`, run in the thread that claimed the run."""
+"""The agent protocol: `agent(run, ctx) -> AgentResult`, run in the thread that executes the run;
+`RunContext`, what the agent sees of its run; `LeasedCalls`, the calls made under its lease."""
 
 from __future__ import annotations
 
@@ -6,64 +7,57 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from psycopg_pool import ConnectionPool
 
+from agent_runs.backoff import Backoff
 from agent_runs.errors import DB_ERRORS, LeaseLost
 from agent_runs.fingerprint import manifest_fingerprint
-from agent_runs.models import AgentRun, RunStatus
+from agent_runs.logs import logger
+from agent_runs.models import AgentRun
 from agent_runs.repository import AgentRunRepository
 from agent_runs.worker import subagents
-from agent_runs.worker.heartbeat import HeartbeatService, Lease
+from agent_runs.worker.checkout import Repositories
+from agent_runs.worker.exception_text import one_line
+from agent_runs.worker.heartbeat import HeartbeatService
+from agent_runs.worker.lease import Lease
+from agent_runs.worker.result import AgentResult
+
+__all__ = ["Agent", "AgentResult", "LeasedCalls", "RunContext"]
+
+log = logger("agent_runs.worker")
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class AgentResult:
-    """How an agent's execution ended; build it with one of the class methods."""
+class LeasedCalls:
+    """Repository calls made for a run while its lease can be proven: database failures are
+    retried with capped back-off until the lease can no longer be proven (LeaseLost)."""
 
-    status: RunStatus
-    error_type: str | None = None
-    error_message: str | None = None
-    # The run's result (any JSON value, at most 1 MiB of JSON text); one the JSON rules refuse
-    # fails the run `invalid_output`.
-    output: Any = None
+    def __init__(self, repository: Repositories, *, retry_cap: float) -> None:
+        self.repository = repository
+        self._retry_cap = retry_cap
 
-    @classmethod
-    def completed(cls, output: Any = None) -> AgentResult:
-        return cls(RunStatus.COMPLETED, output=output)
-
-    @classmethod
-    def failed(cls, error_type: str, message: str) -> AgentResult:
-        return cls(RunStatus.FAILED, error_type, message)
-
-    @classmethod
-    def interrupted(cls, error_type: str, message: str, output: Any = None) -> AgentResult:
-        """Ended waiting for something (a human's input); `output` may say what it waits for."""
-        return cls(RunStatus.INTERRUPTED, error_type, message, output)
-
-
-class Executor(Protocol):
-    """What a RunContext needs of the worker executing its run (agent_runs.worker.Worker)."""
-
-    @property
-    def stopping(self) -> bool: ...
-
-    @property
-    def heartbeat(self) -> HeartbeatService: ...
-
-    def with_lease_retry(
-        self, lease: Lease, call: Callable[[AgentRunRepository], T], what: str
-    ) -> T: ...
-
-    def repository(self) -> AbstractContextManager[AgentRunRepository]: ...
-
-    @property
-    def pool(self) -> ConnectionPool: ...
+    def call(self, lease: Lease, call: Callable[[AgentRunRepository], T], what: str) -> T:
+        """`call` with a pooled repository, retried while the lease holds."""
+        backoff = Backoff(cap=self._retry_cap)
+        while True:
+            if not lease.provable():
+                raise LeaseLost(f"run {lease.run_id}: lease owner {lease.worker_id} lost its lease")
+            try:
+                with self.repository() as repo:
+                    return call(repo)
+            except DB_ERRORS as exc:
+                delay = backoff.next_delay()
+                log.warning(
+                    "run %s: could not %s (%s); retrying in %.1fs",
+                    lease.run_id,
+                    what,
+                    one_line(exc),
+                    delay,
+                )
+                time.sleep(delay)
 
 
 class RunContext:
@@ -71,15 +65,22 @@ class RunContext:
 
     def __init__(
         self,
-        worker: Executor,
         run: AgentRun,
         lease: Lease,
         attempt_no: int,
         stop: threading.Event | None,
+        *,
+        stopping: threading.Event,
+        heartbeat: HeartbeatService,
+        calls: LeasedCalls,
+        pool: ConnectionPool,
     ) -> None:
-        self._worker = worker
         self._lease = lease
         self._stop = stop
+        self._stopping = stopping  # the worker's: set once it shuts down
+        self._heartbeat = heartbeat
+        self._calls = calls
+        self._pool = pool
         self.run_id = run.id
         self.run = run  # the run as this execution last wrote it (a recorded manifest included)
         self.attempt_no = attempt_no
@@ -97,7 +98,7 @@ class RunContext:
             return "cancel_requested"
         if self._lease.lost or self._lease.expired():
             return "lease_lost"
-        if self._worker.stopping or (self._stop is not None and self._stop.is_set()):
+        if self._stopping.is_set() or (self._stop is not None and self._stop.is_set()):
             return "shutdown"
         return None
 
@@ -117,7 +118,7 @@ class RunContext:
 
     def stop_heartbeat(self) -> None:
         """Stop renewing this run's lease (it then expires); the worker no longer vouches for it."""
-        self._worker.heartbeat.stop_renewing(self._lease)
+        self._heartbeat.stop_renewing(self._lease)
 
     def record_manifest(self, manifest: dict[str, Any]) -> bool:
         """Record the run's write-once manifest; False if one was already recorded.
@@ -135,12 +136,12 @@ class RunContext:
                 self.run = transition.run
             return transition.changed
 
-        return self._worker.with_lease_retry(self._lease, write, "record the manifest")
+        return self._calls.call(self._lease, write, "record the manifest")
 
     @property
     def pool(self) -> ConnectionPool:
         """The worker's connection pool (its database: an agent's own tables may live there)."""
-        return self._worker.pool
+        return self._pool
 
     def record_resumed_from(self, checkpoint_id: str, step: int) -> bool:
         """Record, once, the checkpoint (and its step) this attempt resumed an earlier attempt's
@@ -151,7 +152,7 @@ class RunContext:
                 self.run_id, worker_id=self.worker_id, checkpoint_id=checkpoint_id, step=step
             )
 
-        return self._worker.with_lease_retry(self._lease, write, "record the resume point")
+        return self._calls.call(self._lease, write, "record the resume point")
 
     def create_subagent_run(
         self,
@@ -186,29 +187,30 @@ class RunContext:
                 created_by_run_id=self.run_id,
             )
 
-        return self._worker.with_lease_retry(self._lease, create, "create a sub-agent run")
+        return self._calls.call(self._lease, create, "create a sub-agent run")
 
     def wait_for_run(self, run_id: str, timeout_seconds: float) -> AgentRun:
         """The run (a child) once it is final; as it is as soon as this run should stop
         (cancel, lost lease, shutdown); TimeoutError after `timeout_seconds`. It blocks: a
         coroutine agent awaits it with `asyncio.to_thread`."""
-        last: list[AgentRun] = []
+        last: AgentRun | None = None
 
         def read() -> AgentRun | None:
+            nonlocal last
             try:
-                run = self._worker.with_lease_retry(
+                run = self._calls.call(
                     self._lease, lambda repo: repo.get_run(run_id), "read a sub-agent run"
                 )
             except LeaseLost:
                 try:
-                    with self._worker.repository() as repo:
+                    with self._calls.repository() as repo:
                         run = repo.get_run(run_id)
                 except DB_ERRORS:
-                    if not last:
+                    if last is None:
                         raise
-                    run = last[-1]
+                    run = last
             if run is not None:
-                last[:] = [run]
+                last = run
             return run
 
         return subagents.wait_for_child(run_id, read, self.should_stop, self.wait, timeout_seconds)

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 from psycopg_pool import PoolClosed
 
 from agent_runs.errors import DB_ERRORS
 from agent_runs.logs import logger
 from agent_runs.models import AgentRun
-from agent_runs.repository import AgentRunRepository
-from agent_runs.worker.text import one_line
+from agent_runs.worker.checkout import Repositories
+from agent_runs.worker.exception_text import one_line
 
 log = logger("agent_runs.worker")
 
@@ -24,7 +22,7 @@ class Reconciler:
 
     def __init__(
         self,
-        repository: Callable[[], AbstractContextManager[AgentRunRepository]],
+        repository: Repositories,
         *,
         interval: float,
     ) -> None:

@@ -1,14 +1,23 @@
-"""A database connection for one worker call: pooled, or direct while the pool backs off."""
+"""A database connection for one worker call: pooled, or direct while the pool backs off; and
+the repositories the worker's parts make their calls with."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any, Final
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+
+from agent_runs.repository import AgentRunRepository
+
+if TYPE_CHECKING:  # telemetry off never imports it
+    from agent_runs.telemetry import Telemetry
+
+# A repository on a connection of its own for one call (`with repositories() as repo:`).
+Repositories = Callable[[], AbstractContextManager[AgentRunRepository]]
 
 # How long a checkout waits for the pool before connecting directly.
 POOL_WAIT_SECONDS: Final = 0.5
@@ -48,6 +57,19 @@ def connection(pool: ConnectionPool, *, timeout: float) -> Iterator[psycopg.Conn
         pool.putconn(conn)
         if died:
             _sweep(pool)
+
+
+def repositories(
+    pool: ConnectionPool, *, timeout: float, telemetry: Telemetry | None
+) -> Repositories:
+    """Repositories on `pool`'s connections (as `connection` hands them out) for one call each."""
+
+    @contextmanager
+    def repository() -> Iterator[AgentRunRepository]:
+        with connection(pool, timeout=timeout) as conn:
+            yield AgentRunRepository(conn, telemetry=telemetry)
+
+    return repository
 
 
 def _sweep(pool: ConnectionPool) -> None:
