@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install migrate test demo dashboard screenshots bench designs chaos lint docs clean
+.PHONY: help install migrate test demo dashboard screenshots bench designs chaos lint docs sql clean
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -55,6 +55,9 @@ docs: $(STAMP) ## build the documentation site into site/ (mkdocs, warnings are 
 	$(BIN)/python -c 'import mkdocs, material, mkdocstrings_handlers.python' 2>/dev/null \
 		|| $(BIN)/pip install --quiet -e '.[dev,docs]'
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict $(DOCS_ARGS)
+
+sql: $(STAMP) ## print sql/'s statements, fragments in place (SQL_ARGS="<name> ..." for some)
+	@$(BIN)/python -c 'import sys; from agent_runs.sql import main; main(sys.argv[1:])' $(SQL_ARGS)
 
 clean: ## remove the venv, caches and the built site
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site

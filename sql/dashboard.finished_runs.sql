@@ -18,10 +18,7 @@ WHERE r.finished_at IS NOT NULL
   AND r.finished_at >= %(window_start)s::timestamptz
   AND (r.finished_at, r.id) < (coalesce(%(before_at)s::timestamptz, 'infinity'),
                                coalesce(%(before_id)s::text, ''))
-  AND (%(statuses)s::text[] IS NULL OR r.status = ANY (%(statuses)s::text[]))
-  AND (%(agent_slug)s::text IS NULL OR r.agent_slug = %(agent_slug)s::text)
-  AND (%(thread_id)s::text IS NULL OR r.thread_id = %(thread_id)s::text)
-  AND (%(uid)s::text IS NULL OR r.uid = %(uid)s::text)
+  -- include: run_filters
   AND (%(error_type)s::text IS NULL OR r.error_type = %(error_type)s::text)
 ORDER BY r.finished_at DESC, r.id DESC
 LIMIT %(limit)s

@@ -8,14 +8,7 @@ WITH deleted AS (
     WHERE l.concurrency_key = %(concurrency_key)s::text
     RETURNING l.concurrency_key
 ),
-waiting AS (
-    SELECT r.agent_slug FROM agent_runs r
-    WHERE r.concurrency_key = %(concurrency_key)s::text
-      AND r.status IN ('pending', 'running', 'cancel_requested')
-      AND (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
-    ORDER BY r.created_at, r.id
-    LIMIT 1
-),
+-- include: oldest_waiting_run,
 notified AS (
     SELECT pg_notify('agent_runs_claimable', waiting.agent_slug) FROM waiting, deleted
 )

@@ -24,10 +24,7 @@ matching AS NOT MATERIALIZED (
     FROM agent_runs r
     WHERE (r.created_at, r.id) < (coalesce(%(before_created_at)s::timestamptz, 'infinity'),
                                   coalesce(%(before_id)s::text, ''))
-      AND (%(statuses)s::text[] IS NULL OR r.status = ANY (%(statuses)s::text[]))
-      AND (%(agent_slug)s::text IS NULL OR r.agent_slug = %(agent_slug)s::text)
-      AND (%(thread_id)s::text IS NULL OR r.thread_id = %(thread_id)s::text)
-      AND (%(uid)s::text IS NULL OR r.uid = %(uid)s::text)
+      -- include: run_filters
       AND (%(concurrency_key)s::text IS NULL OR r.concurrency_key = %(concurrency_key)s::text)
       AND r.created_at >= coalesce(
               %(since_at)s::timestamptz,

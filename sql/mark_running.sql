@@ -40,30 +40,18 @@ claimed AS (
       AND (NOT locked.initial_claim OR coalesce((SELECT free FROM key_slots), 1) > 0)
     RETURNING r.*, locked.initial_claim
 ),
-expired AS (
-    UPDATE agent_run_attempts a
-    SET (finished_at, updated_at, outcome, error_type, error_message) =
-        (claimed.updated_at, claimed.updated_at, 'lease_expired', 'worker_lease_expired',
-         %(lost_message)s::text)
-    FROM claimed
-    WHERE a.run_id = %(run_id)s AND a.run_id = claimed.id AND a.finished_at IS NULL
-      AND claimed.initial_claim
-    RETURNING a.id
-),
-opened AS (
-    INSERT INTO agent_run_attempts (run_id, attempt_no, worker_id, started_at, heartbeat_at,
-                                    lease_expires_at, created_at, updated_at)
-    SELECT c.id, previous.n + 1, c.worker_id, greatest(c.updated_at, previous.ended),
-           c.heartbeat_at, c.lease_expires_at, c.updated_at, c.updated_at
-    FROM claimed c,
-         -- The run's own attempts only: the FILTER keeps the planner from reading max() backward
-         -- off ix_agent_run_attempts_finished, a walk over every finished attempt.
-         LATERAL (SELECT coalesce(max(a.attempt_no), 0) AS n,
-                         max(a.finished_at) FILTER (WHERE a.finished_at IS NOT NULL) AS ended
-                  FROM agent_run_attempts a WHERE a.run_id = c.id) AS previous
-    WHERE c.initial_claim AND (SELECT count(*) FROM expired) >= 0
-    RETURNING id
-),
+-- include: expire_attempts,
+--   at: claimed.updated_at
+--   from: claimed
+--   where: a.run_id = %(run_id)s AND a.run_id = claimed.id AND a.finished_at IS NULL
+--    AND claimed.initial_claim
+-- include: open_attempt,
+--   run: c
+--   values: c.worker_id, greatest(c.updated_at, previous.ended),
+--         c.heartbeat_at, c.lease_expires_at, c.updated_at, c.updated_at
+--   from: claimed c
+--   when: c.initial_claim AND
+--   returning: id
 refreshed AS (
     UPDATE agent_run_attempts a
     SET (heartbeat_at, lease_expires_at, updated_at) =

@@ -17,20 +17,13 @@ facts AS (
     SELECT r.id, r.status,
            coalesce(p.max_attempts, 3) AS max_attempts,
            coalesce(p.max_lost_leases, 0) AS max_lost_leases,
-           coalesce(p.backoff_seconds, 0) AS backoff_seconds,
-           coalesce(p.backoff_max_seconds, 3600) AS backoff_max_seconds,
-           coalesce(p.backoff_jitter, 0.2) AS backoff_jitter,
-           p.deadline_seconds,
+           -- include: policy_defaults,
            greatest(b.n, 1) AS n, b.lost + 1 AS lost, b.first_no, b.last_no,
            clock.now > r.created_at + make_interval(secs => p.deadline_seconds) AS late
     FROM agent_runs r
     CROSS JOIN clock
-    LEFT JOIN LATERAL (
-        SELECT * FROM agent_run_policies p
-        WHERE p.agent_slug = r.agent_slug OR p.agent_slug = '*'
-        ORDER BY p.agent_slug = '*'
-        LIMIT 1
-    ) AS p ON true
+    -- include: run_policy
+    --   run: r
     CROSS JOIN LATERAL (
         SELECT count(*) AS n,
                count(*) FILTER (WHERE a.outcome = 'lease_expired') AS lost,
@@ -39,9 +32,8 @@ facts AS (
                max(a.attempt_no) AS last_no
         FROM agent_run_attempts a
         WHERE a.run_id = r.id
-          AND a.started_at >= coalesce(
-              (SELECT max(q.requeued_at) FROM agent_run_requeues q WHERE q.run_id = r.id),
-              '-infinity')
+          -- include: in_budget
+          --   run: r.id
     ) AS b
     WHERE r.id = ANY (%(run_ids)s::text[])
 ),
@@ -54,9 +46,9 @@ decision AS (
                 WHEN f.late THEN 'deadline_exceeded'
            END AS exhausted,
            CASE f.status WHEN 'running' THEN
-               least(f.backoff_max_seconds,
-                     f.backoff_seconds * power(2::float8, least(f.n - 1, 60)))
-               * (1 - f.backoff_jitter * random())
+               -- include: backoff_delay
+               --   policy: f
+               --   n: f.n
            END AS delay,
            f.n, f.lost, f.first_no, f.last_no, f.max_attempts, f.max_lost_leases,
            f.deadline_seconds
@@ -88,13 +80,7 @@ converged AS (
                 'attempt ' || d.n || ' lost its lease after the deadline ('
                 || d.deadline_seconds || ' s after creation) passed. ' || %(lost_message)s::text
             END,
-        (worker_id, heartbeat_at, lease_expires_at) = (NULL, NULL, NULL),
-        finished_at = CASE WHEN d.exhausted IS NULL THEN NULL ELSE clock.now END,
-        available_at = CASE WHEN d.exhausted IS NULL AND d.delay > 0
-                            THEN clock.now + make_interval(secs => d.delay)
-                            ELSE r.available_at END,
-        updated_at = clock.now
-    FROM decision d, clock
+    -- include: apply_decision
     WHERE r.id = ANY (%(run_ids)s::text[]) AND r.id = d.id
       AND CASE r.status WHEN 'running' THEN true WHEN 'cancel_requested' THEN true END
     RETURNING r.*
@@ -111,13 +97,8 @@ attempts AS (
       AND a.finished_at IS NULL
     RETURNING a.id
 ),
-notified AS (
-    SELECT CASE converged.status
-               WHEN 'pending' THEN pg_notify('agent_runs_claimable', converged.agent_slug)
-               ELSE pg_notify('agent_runs_finished', converged.id) END
-    FROM converged
-    WHERE converged.status = 'pending' OR agent_run_waiters_take(converged.id)
-)
+-- include: notify_retried_or_finished
+--   run: converged
 SELECT converged.* FROM converged
 WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM attempts) >= 0
   AND (SELECT count(*) FROM key_slots) >= 0  -- limits per key

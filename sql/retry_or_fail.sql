@@ -24,26 +24,18 @@ policy AS (
     -- no deadline); a worker's max_tries caps max_attempts.
     SELECT coalesce(least(p.max_attempts, %(max_attempts)s::int), %(max_attempts)s::int, 3)
                AS max_attempts,
-           coalesce(p.backoff_seconds, 0) AS backoff_seconds,
-           coalesce(p.backoff_max_seconds, 3600) AS backoff_max_seconds,
-           coalesce(p.backoff_jitter, 0.2) AS backoff_jitter,
-           p.deadline_seconds
+           -- include: policy_defaults
     FROM locked
-    LEFT JOIN LATERAL (
-        SELECT * FROM agent_run_policies p
-        WHERE p.agent_slug = locked.agent_slug OR p.agent_slug = '*'
-        ORDER BY p.agent_slug = '*'
-        LIMIT 1
-    ) AS p ON true
+    -- include: run_policy
+    --   run: locked
 ),
 budget AS (
     -- Attempts in budget: started at or after the latest requeue, the open one included.
     SELECT count(*) AS n
     FROM agent_run_attempts a
     WHERE a.run_id = %(run_id)s
-      AND a.started_at >= coalesce(
-          (SELECT max(q.requeued_at) FROM agent_run_requeues q WHERE q.run_id = %(run_id)s),
-          '-infinity')
+      -- include: in_budget
+      --   run: %(run_id)s
 ),
 decision AS (
     SELECT locked.id, budget.n, policy.max_attempts, policy.deadline_seconds,
@@ -54,9 +46,10 @@ decision AS (
            END AS exhausted,
            CASE WHEN %(retry_after_seconds)s::float8 IS NOT NULL
                     THEN least(%(retry_after_seconds)s::float8, policy.backoff_max_seconds)
-                ELSE least(policy.backoff_max_seconds,
-                           policy.backoff_seconds * power(2::float8, least(budget.n - 1, 60)))
-                     * (1 - policy.backoff_jitter * random())
+                ELSE
+                    -- include: backoff_delay
+                    --   policy: policy
+                    --   n: budget.n
            END AS delay
     FROM locked, policy, budget, clock
 ),
@@ -72,13 +65,7 @@ ended AS (
                 'attempt ' || d.n || ' failed with a retryable error after the deadline ('
                 || d.deadline_seconds || ' s after creation) passed: ' || %(shown_error)s::text
             END,
-        (worker_id, heartbeat_at, lease_expires_at) = (NULL, NULL, NULL),
-        finished_at = CASE WHEN d.exhausted IS NULL THEN NULL ELSE clock.now END,
-        available_at = CASE WHEN d.exhausted IS NULL AND d.delay > 0
-                            THEN clock.now + make_interval(secs => d.delay)
-                            ELSE r.available_at END,
-        updated_at = clock.now
-    FROM decision d, clock
+    -- include: apply_decision
     WHERE r.id = d.id
     RETURNING r.*
 ),
@@ -99,13 +86,8 @@ refused AS (
     FROM agent_runs r
     WHERE r.id = %(run_id)s AND NOT EXISTS (SELECT FROM locked)
 ),
-notified AS (
-    SELECT CASE ended.status
-               WHEN 'pending' THEN pg_notify('agent_runs_claimable', ended.agent_slug)
-               ELSE pg_notify('agent_runs_finished', ended.id) END
-    FROM ended
-    WHERE ended.status = 'pending' OR agent_run_waiters_take(ended.id)
-)
+-- include: notify_retried_or_finished
+--   run: ended
 SELECT true AS changed, ended.* FROM ended
 WHERE (SELECT count(*) FROM notified) >= 0 AND (SELECT count(*) FROM attempt) >= 0
 UNION ALL

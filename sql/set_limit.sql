@@ -20,15 +20,8 @@ saved AS (
     SET (max_running, updated_at) = (excluded.max_running, excluded.updated_at)
     RETURNING l.*
 ),
-waiting AS (
-    -- A raised limit admits at the next claim: wake a worker for the key's oldest waiting run.
-    SELECT r.agent_slug FROM agent_runs r
-    WHERE r.concurrency_key = %(concurrency_key)s::text
-      AND r.status IN ('pending', 'running', 'cancel_requested')
-      AND (r.status = 'pending' OR (r.status = 'cancel_requested' AND r.worker_id IS NULL))
-    ORDER BY r.created_at, r.id
-    LIMIT 1
-),
+-- A raised limit admits at the next claim: wake a worker for the key's oldest waiting run.
+-- include: oldest_waiting_run,
 notified AS (
     SELECT pg_notify('agent_runs_claimable', waiting.agent_slug) FROM waiting, saved
     WHERE saved.running < saved.max_running

@@ -31,17 +31,10 @@ finished AS (
           END
     RETURNING r.*
 ),
-attempt AS (
-    -- The owner is the worker_id the guard matched (a pending run finishes no attempt).
-    UPDATE agent_run_attempts a
-    SET (finished_at, updated_at, outcome, error_type, error_message) =
-        (finished.finished_at, finished.finished_at, finished.status, finished.error_type,
-         finished.error_message)
-    FROM finished
-    WHERE a.run_id = %(run_id)s AND a.finished_at IS NULL
-      AND a.worker_id = %(worker_id)s::text
-    RETURNING a.id
-),
+-- The owner is the worker_id the guard matched (a pending run finishes no attempt).
+-- include: close_attempt,
+--   where: a.run_id = %(run_id)s AND a.finished_at IS NULL
+--    AND a.worker_id = %(worker_id)s::text
 refused AS (
     -- Only when the guard refused: the row, locked, for the unchanged answer.
     SELECT r.*
@@ -49,10 +42,7 @@ refused AS (
     WHERE r.id = %(run_id)s AND NOT EXISTS (SELECT FROM finished)
     FOR UPDATE
 ),
-notified AS (
-    SELECT pg_notify('agent_runs_finished', finished.id) FROM finished
-    WHERE agent_run_waiters_take(finished.id)
-)
+-- include: notify_finished
 SELECT true AS changed, finished.* FROM finished
 WHERE (SELECT count(*) FROM notified) >= 0
 UNION ALL

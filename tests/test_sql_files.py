@@ -1,11 +1,13 @@
 """The sql/ folder: every query the repository uses exists, is commented, parameterized by
-name, and read once (query plans: tests/test_query_plans.py)."""
+name, assembled from its fragments, and read once (query plans: tests/test_query_plans.py)."""
 
 from __future__ import annotations
 
 import ast
 import inspect
+import os
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,7 @@ import agent_runs
 import agent_runs.sql
 import agent_runs.transport
 from agent_runs import AgentRunRepository
-from agent_runs.sql import query, query_names
+from agent_runs.sql import assemble, fragment, fragment_names, includes, query, query_names
 
 Conn = psycopg.Connection[Any]
 
@@ -158,3 +160,122 @@ def test_a_statement_that_takes_now_reads_it_once_in_its_clock(name: str) -> Non
         return
     assert text.count("%(now)s") == 1, f"{name}.sql names %(now)s outside its clock CTE"
     assert _CLOCK in text, f"{name}.sql takes %(now)s but not as `WITH clock AS (...)`"
+
+
+# --- fragments (sql/README.md, Fragments) ---------------------------------------------------------
+
+
+def _fragment_path(name: str) -> Path:
+    return agent_runs.sql.resource_dir("sql") / "fragments" / f"{name}.sql"
+
+
+def test_every_include_resolves_and_every_fragment_is_used() -> None:
+    """Each fragment a statement (or a fragment it includes) names exists, and each is included."""
+    fragments = set(fragment_names())
+    assert fragments, "sql/fragments/ holds no fragment"
+    seen: set[str] = set()
+    todo = [(f"{n}.sql", _sql_path(n).read_text(encoding="utf-8")) for n in query_names()]
+    while todo:
+        where, text = todo.pop()
+        for name in includes(text):
+            assert name in fragments, f"{where} includes {name!r}: no sql/fragments/{name}.sql"
+            if name not in seen:
+                seen.add(name)
+                todo.append((f"fragments/{name}.sql", _fragment_path(name).read_text("utf-8")))
+    assert seen == fragments, f"fragments no statement includes: {sorted(fragments - seen)}"
+
+
+@pytest.mark.parametrize("name", fragment_names())
+def test_each_fragment_opens_with_a_header_naming_it(name: str) -> None:
+    first = _fragment_path(name).read_text(encoding="utf-8").splitlines()[0]
+    assert first.startswith(f"-- {name}: "), f"fragments/{name}.sql starts with {first!r}"
+    assert fragment(name).strip(), f"fragments/{name}.sql holds no SQL after its header"
+
+
+@pytest.mark.parametrize("name", query_names())
+def test_no_directive_or_slot_remains_in_an_assembled_statement(name: str) -> None:
+    text = query(name)
+    assert not includes(text) and "-- include:" not in text, f"{name}.sql: an include remains"
+    assert "{{" not in text and "}}" not in text, f"{name}.sql: a slot remains"
+
+
+def test_assembly_is_deterministic() -> None:
+    """Two fresh processes (other hash seeds) print what this one assembled, byte for byte."""
+    here = "".join(f"-- ===== sql/{n}.sql =====\n{query(n)}\n" for n in query_names())
+    code = "from agent_runs.sql import main; main()"
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        printed = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        assert printed.stdout == here
+
+
+def test_the_shared_clauses_are_written_once() -> None:
+    """What several transitions share stands in a fragment: the transitions include it."""
+    users = {
+        "claim_candidates": ["claim_next", "claim_next_attempts", "finish_runs_and_claim"],
+        "open_attempt": ["claim_next", "mark_running"],
+        "lease_attempts": ["claim_next_attempts", "finish_runs_and_claim"],
+        "close_attempt": ["set_terminal_status"],
+        "finish_batch_runs": ["finish_runs", "finish_runs_and_claim"],
+        "run_policy": ["retry_or_fail", "reconcile_expired_leases"],
+    }
+    for name, statements in users.items():
+        for statement in statements:
+            assert name in includes(_sql_path(statement).read_text("utf-8")), (name, statement)
+    # The batch statements write none of these clauses themselves: their fragments do.
+    claim = ("FOR UPDATE SKIP LOCKED", "INSERT INTO agent_run_attempts", "UPDATE agent_runs r")
+    finish = ("UPDATE agent_runs r", "UPDATE agent_run_attempts a", "pg_notify")
+    clauses = {
+        "claim_next_attempts": claim,
+        "finish_runs": finish,
+        "finish_runs_and_claim": claim + finish,
+    }
+    for statement, written in clauses.items():
+        for clause in written:
+            assert clause not in _sql_path(statement).read_text("utf-8"), (clause, statement)
+            assert clause in query(statement), (clause, statement)
+
+
+_FRAGMENTS = {
+    "pick": "-- pick: a test fragment.\n\nSELECT {{what}}\nFROM t{{where?}}",
+    "ctes": "-- ctes: two CTEs.\n\na AS (\n    SELECT 1\n),\n-- include: pick\n--   what: 2",
+    "loop": "-- loop: includes itself.\n\n-- include: loop",
+}
+
+
+def _body(name: str) -> str:
+    return _FRAGMENTS[name].partition("\n\n")[2]
+
+
+def test_an_include_is_indented_as_its_directive_and_its_slots_filled() -> None:
+    text = "WITH x AS (\n    -- include: pick\n    --   what: a,\n    --    b\n)\nSELECT 1\n"
+    # A value's further lines keep the column they are written at: 4 + 2 + 4.
+    assert (
+        assemble(text, _body)
+        == "WITH x AS (\n    SELECT a,\n          b\n    FROM t\n)\nSELECT 1\n"
+    )
+    given = "-- include: pick\n--   what: *\n--   where:\n--    WHERE t.id = 1"
+    assert assemble(given, _body) == "SELECT *\nFROM t\n      WHERE t.id = 1"
+
+
+def test_a_trailing_comma_follows_the_fragment_and_fragments_nest() -> None:
+    text = "-- include: ctes,\n-- include: pick\n--   what: 3"
+    assert assemble(text, _body) == (
+        "a AS (\n    SELECT 1\n),\nSELECT 2\nFROM t,\nSELECT 3\nFROM t"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("-- include: pick", "no value for the slot 'what'"),
+        ("-- include: pick\n--   what: 1\n--   whom: 2", "has no slot"),
+        ("-- include: nowhere", "nowhere"),
+        ("-- include: loop", "includes itself"),
+    ],
+)
+def test_an_include_that_does_not_resolve_raises(text: str, error: str) -> None:
+    with pytest.raises(LookupError if error == "nowhere" else ValueError, match=error):
+        assemble(text, _body)

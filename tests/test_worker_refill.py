@@ -4,7 +4,6 @@ claim_next_attempts, never more runs held than threads, and lost replies confirm
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterator
 from datetime import datetime
@@ -15,7 +14,6 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from agent_runs import AgentRun, AgentRunRepository, Finish, RunStatus, create_pool
-from agent_runs.sql import query
 from agent_runs.worker import AgentResult, RunContext, Worker
 from tests.helpers import OWNER, at, new_run, wait_until
 
@@ -60,32 +58,6 @@ def _drain(worker: Worker, observer: Conn, runs: int, threads: int = THREADS) ->
         for loop in loops:
             loop.join(10)
     assert not any(loop.is_alive() for loop in loops)
-
-
-def _ctes(name: str, renamed: tuple[str, str] | None = None) -> dict[str, str]:
-    """The CTEs of sql/<name>.sql by name, their text without comments (a parameter renamed)."""
-    text = re.sub(r"\s*--[^\n]*", "", query(name))
-    if renamed is not None:
-        text = text.replace(f"%({renamed[0]})s", f"%({renamed[1]})s")
-    return dict(re.findall(r"(?m)^(?:WITH )?(\w+) AS \((.*?)\n\)", text, flags=re.S))
-
-
-@pytest.mark.parametrize(
-    ("twin", "shared"),
-    [
-        ("finish_runs", ["clock", "batch", "decided", "locked", "finished", "attempt", "notified"]),
-        ("claim_next_attempts", ["lease", "expired", "opened"]),
-    ],
-)
-def test_the_refill_statement_is_finish_runs_then_claim_next_attempts(
-    twin: str, shared: list[str]
-) -> None:
-    """sql/README.md, Twins: what finish_runs_and_claim shares with each twin is the same text."""
-    # Its finishes' owners are finish_worker_ids: worker_ids are the claim's owner tokens.
-    renamed = ("finish_worker_ids", "worker_ids") if twin == "finish_runs" else None
-    mine, theirs = _ctes("finish_runs_and_claim", renamed), _ctes(twin)
-    for name in shared:
-        assert name in theirs and mine.get(name) == theirs[name], name
 
 
 # --- the statement -------------------------------------------------------------------------------

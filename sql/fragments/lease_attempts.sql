@@ -1,0 +1,15 @@
+-- lease_attempts: `expired` and `opened` of a batch claim: each leased run's open attempt (a lost
+-- lease's) ends lease_expired, then attempt max + 1 opens for the run's owner in `lease`.
+-- notes: sql/README.md (data-modifying CTEs)
+
+-- An array of the claimed ids: index lookups, never a walk over every open attempt.
+-- include: expire_attempts,
+--   at: clock.now
+--   from: clock
+--   where: a.run_id = ANY (ARRAY(SELECT id FROM lease)) AND a.finished_at IS NULL
+-- include: open_attempt
+--   run: lease
+--   values: lease.worker_id,
+--         greatest(lease.now, previous.ended), lease.now, lease.expires_at, lease.now, lease.now
+--   from: lease
+--   returning: run_id, attempt_no
