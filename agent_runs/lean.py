@@ -142,9 +142,11 @@ class LeanTransitions:
         now: datetime | None = None,
         agent_slugs: list[str] | None = None,
     ) -> Plan[tuple[dict[str, datetime], list[ClaimedRun]]]:
-        """finish_runs, then claim_next_attempts for at most as many runs as it finished, in
-        one statement and one commit: a worker's slot goes from its run's end to its next run
-        without a commit in between. (finish_runs' answer, the runs claimed in claim order)."""
+        """finish_runs, then claim_next_attempts for up to one run per worker_id, less one per
+        refused end (its slot waits until its end is written alone), in one statement and one
+        commit: a worker's slot goes from its run's end to its next run without a commit in
+        between, and slots already free fill in the same statement. (finish_runs' answer, the
+        runs claimed in claim order)."""
         run_ids, owners, statuses, error_types, error_messages, outputs = check.finishes(finishes)
         rows = yield from claim(
             "finish_runs_and_claim",

@@ -1,6 +1,6 @@
 -- finish_runs_and_claim: finish_runs, then claim_next_attempts for the slots it freed, in one statement.
 -- from: as finish_runs for the batch's runs; as claim_next_attempts for the claimable backlog
--- to:   as finish_runs; then up to one claim per worker_id, no more than runs finished here
+-- to:   as finish_runs; then up to one claim per worker_id, less one per refused end
 -- returns: one row per run claimed (as claim_next_attempts), or one row of NULL run columns when
 --          none was; every row carries the batch's finished run ids and finished_at times
 -- notes: sql/README.md (clock, CASE not IN, data-modifying CTEs, lock order, wake-ups, fragments)
@@ -11,13 +11,15 @@ WITH clock AS (
 -- include: finish_batch_lock,
 --   owners: %(finish_worker_ids)s
 -- include: finish_batch_runs,
--- claim_next_attempts' claim from here on, for no more slots than runs finished above (a refused
--- end keeps its slot until it is written alone). The finished runs were running: never
--- candidates, so the two halves touch different rows.
+-- claim_next_attempts' claim from here on, one run per worker_id (a slot whose run ended here, or
+-- one already free) but none for a refused end: its slot waits until it is written alone. The
+-- finished runs were running: never candidates, so the two halves touch different rows.
 -- include: claim_candidates,
 --   columns: c.id, c.priority, c.available_at, c.concurrency_key
 --   run_columns: r.id, r.priority, r.available_at, r.concurrency_key
---   limit: least(cardinality(%(worker_ids)s::text[]), (SELECT count(*) FROM finished))
+--   limit: greatest(0, cardinality(%(worker_ids)s::text[])
+--                         + (SELECT count(*) FROM finished)
+--                         - cardinality((SELECT run_ids FROM batch)))
 --   unless:
 --              -- unless this statement's own ends free a slot of it
 --              AND l.running - (SELECT count(*) FROM locked

@@ -89,6 +89,31 @@ def test_finishes_the_batch_then_claims_the_oldest_runs_for_as_many_slots_as_it_
     assert refused is not None and refused.status == RunStatus.RUNNING
 
 
+def test_worker_ids_beyond_the_ends_claim_for_slots_already_free(
+    repo: AgentRunRepository, t0: datetime
+) -> None:
+    for _ in range(2):
+        new_run(repo)
+    held = repo.claim_next_attempts(worker_ids=["a:1", "b:2"], lease_seconds=30, now=t0)
+    waiting = [new_run(repo) for _ in range(5)]
+    finishes = [Finish(held[0].run.id, held[0].run.worker_id or "", "completed")]
+    finishes.append(Finish(held[1].run.id, "not-the-owner", "completed"))  # refused
+    finished, claimed = repo.finish_runs_and_claim(
+        finishes, worker_ids=["n:1", "n:2", "n:3", "n:4"], lease_seconds=30, now=at(t0, 5)
+    )
+    assert finished == {held[0].run.id: at(t0, 5)}
+    # Four slots offered, one of them the refused end's: three runs claimed, oldest first.
+    assert [c.run.id for c in claimed] == [r.id for r in waiting[:3]]
+    assert [c.run.worker_id for c in claimed] == ["n:1", "n:2", "n:3"]
+    # More refused ends than worker ids: nothing claimed.
+    other = new_run(repo)
+    assert repo.finish_runs_and_claim(
+        [Finish(held[1].run.id, "not-the-owner", "completed"), Finish(other.id, "x", "failed")],
+        worker_ids=["n:5"],
+        lease_seconds=30,
+    ) == ({}, [])
+
+
 def test_with_nothing_claimable_it_answers_the_ends_alone(
     repo: AgentRunRepository, t0: datetime
 ) -> None:
