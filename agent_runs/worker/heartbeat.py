@@ -18,7 +18,7 @@ from agent_runs.errors import DB_ERRORS
 from agent_runs.logs import logger
 from agent_runs.models import RunStatus
 from agent_runs.repository import AgentRunRepository
-from agent_runs.telemetry_guard import deferred
+from agent_runs.telemetry.sdk_guard import deferred
 from agent_runs.worker.connection import connection
 from agent_runs.worker.text import one_line
 
