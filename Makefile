@@ -29,10 +29,10 @@ demo: $(STAMP) ## run workers on a scripted mix of runs (embedded PostgreSQL) an
 	$(BIN)/agent-runs demo
 
 dashboard: $(STAMP) ## serve the web dashboard on an embedded PostgreSQL running the demo's workload
-	$(BIN)/python -m agent_runs.dashboard.demo $(DASHBOARD_ARGS)
+	$(BIN)/python -m dev.dashboard_demo $(DASHBOARD_ARGS)
 
 screenshots: $(STAMP) ## regenerate docs/screenshots/*.png (the dashboard in Debian's chromium)
-	$(BIN)/python -m agent_runs.dashboard.screenshots
+	$(BIN)/python -m dev.screenshots
 
 bench: $(STAMP) ## measure the hot path against hand-written SQL and other queues (embedded PostgreSQL)
 	$(BIN)/python -c 'import pgqueuer, procrastinate' 2>/dev/null \

@@ -20,7 +20,9 @@ from agent_runs.models import (
     Transition,
 )
 from agent_runs.notify import CLAIMABLE_CHANNEL, FINISHED_CHANNEL, wait_for_run
-from agent_runs.operations import (
+from agent_runs.policies import RunPolicy, RunRequeue
+from agent_runs.repository import AgentRunRepository
+from agent_runs.repository.operator_queries import (
     AttemptDurations,
     PruneBatch,
     QueueNow,
@@ -30,8 +32,6 @@ from agent_runs.operations import (
     WorkerStats,
     runs_cursor,
 )
-from agent_runs.policies import RunPolicy, RunRequeue
-from agent_runs.repository import AgentRunRepository
 
 try:
     __version__ = metadata.version("agent_runs")

@@ -1,4 +1,4 @@
-"""The typed values of the operator's queries (agent_runs.operations)."""
+"""The typed values of the operator's queries (agent_runs.repository.operator_queries)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The repository's contract against both faces, in one suite: the rule-by-rule tests of
-test_repository.py, test_operations.py and test_create_runs.py are collected here again, each
-run with this module's `repo` fixture: AgentRunRepository, AsyncAgentRunRepository (called
+test_repository.py, test_operator_queries.py and test_create_runs.py are collected here again,
+each run with this module's `repo` fixture: AgentRunRepository, AsyncAgentRunRepository (called
 through a blocking adapter on a private event loop) and, where PgBouncer is installed,
 AsyncAgentRunRepository through PgBouncer in transaction mode. Not a copy: the same test
 functions."""
@@ -44,7 +44,7 @@ from tests.test_limits import (  # noqa: F401 - collected here with this module'
     test_runs_are_listed_by_key_and_created_with_it_in_batches,
     test_the_explanation_of_a_run_waiting_for_its_key_says_so,
 )
-from tests.test_operations import (  # noqa: F401 - collected here with this module's repo
+from tests.test_operator_queries import (  # noqa: F401 - collected here with this module's repo
     listed,
     test_cancel_tree_of_an_unknown_run_is_refused,
     test_cancel_tree_reaches_below_terminal_children_and_only_reports_changes,

@@ -16,7 +16,7 @@ from agent_runs import AgentRun, AgentRunRepository, InvalidArgument, RunStatus,
 from agent_runs.aio import notify as aio_notify
 from agent_runs.notify import WAIT_POLL_SECONDS
 from tests.helpers import new_run
-from tests.test_hardening_ii import Flood
+from tests.test_wait_for_run_flood import Flood
 
 Conn = psycopg.Connection[Any]
 AsyncConn = psycopg.AsyncConnection[Any]

@@ -337,7 +337,7 @@ def test_concurrent_requests_share_the_pool(client: Any, repo: AgentRunRepositor
 
 
 def test_text_helpers_make_every_character_visible_and_bound_the_length() -> None:
-    from agent_runs.dashboard.text import json_text, shown
+    from agent_runs.dashboard.page_text import json_text, shown
 
     assert shown("a\ud800b") == "a\\ud800b"  # a lone surrogate never reaches the encoder
     assert shown("\u202eabc\u2066\x1b[0m\r\n") == "\\u202eabc\\u2066\\e[0m\\r\\n"

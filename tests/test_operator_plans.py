@@ -14,7 +14,8 @@ from typing import Any, Final
 import psycopg
 import pytest
 
-from agent_runs import AgentRunRepository, operations
+from agent_runs import AgentRunRepository
+from agent_runs.repository import operator_queries
 from agent_runs.steps import Execute
 from tests.helpers import new_run
 from tests.test_schedule_plans import _analyze, seeded_clone
@@ -61,10 +62,10 @@ def _rows_read_from(node: dict[str, Any], index: str) -> int:
 @pytest.mark.parametrize(
     ("label", "step"),
     [
-        ("stuck listing", lambda: operations._list_rows(stuck=True, limit=50)),
+        ("stuck listing", lambda: operator_queries._list_rows(stuck=True, limit=50)),
         (
             "stats",
-            lambda: operations._stats(
+            lambda: operator_queries._stats(
                 {"since_at": None, "since_seconds": 3600.0, "now": None, "top": 5}
             ),
         ),

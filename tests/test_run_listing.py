@@ -21,7 +21,7 @@ from agent_runs import (
     RunSummary,
     manifest_fingerprint,
 )
-from agent_runs.operations import runs_cursor
+from agent_runs.repository.operator_queries import runs_cursor
 
 Conn = psycopg.Connection[Any]
 MakeRun = Callable[..., AgentRun]

@@ -73,7 +73,7 @@ def _package_tree() -> ast.Module:
 
 
 def _repository_tree() -> ast.Module:
-    """The modules of the repository class and of its mixins (agent_runs.operations)."""
+    """The modules of the repository class and of its mixins (agent_runs.repository)."""
     names = dict.fromkeys(c.__module__ for c in AgentRunRepository.__mro__)
     body = [
         node

@@ -18,7 +18,7 @@ from psycopg_pool import ConnectionPool
 
 from agent_runs import AgentRun, AgentRunRepository, Finish, RunStatus, aio, create_pool
 from agent_runs.telemetry import Telemetry
-from agent_runs.telemetry_context import cut_tracestate, storable
+from agent_runs.telemetry.trace_context import cut_tracestate, storable
 from agent_runs.worker import AgentResult, RunContext, Worker
 from tests.fix_telemetry import Otel
 from tests.helpers import enqueue, new_run, wait_until

@@ -174,7 +174,7 @@ def test_run_forever_threads_carry_the_attempt_span_to_the_agent_and_its_logs(
 def test_metrics_match_the_attempt_rows_and_stay_within_their_allow_list(
     pool: ConnectionPool, repo: AgentRunRepository, otel: Otel, dsn: str
 ) -> None:
-    from agent_runs.telemetry_metrics import METRIC_ATTRIBUTES
+    from agent_runs.telemetry.metrics import METRIC_ATTRIBUTES
 
     producer = AgentRunRepository(repo.conn, telemetry=otel.telemetry())
     scripts = [["sleep:0.3"], ["retry", "ok"], ["fail:tool_broke"], ["interrupt"], ["retry"]]

@@ -15,7 +15,7 @@ checks, values and errors, one round trip per transition.
 
 from __future__ import annotations
 
-from agent_runs.aio.connection import connect, create_pool
+from agent_runs.aio.db import connect, create_pool
 from agent_runs.aio.notify import wait_for_run
 from agent_runs.aio.repository import AsyncAgentRunRepository
 

@@ -14,7 +14,7 @@ from psycopg.conninfo import conninfo_to_dict
 from agent_runs.db import connect, no_prepare_from_env
 
 if TYPE_CHECKING:
-    from agent_runs.telemetry_setup import OtelSetup
+    from agent_runs.telemetry.sdk_setup import OtelSetup
 
 PROG: Final = "agent-runs"
 # libpq gives up on an unreachable server after this long; workers then back off and retry.
@@ -86,11 +86,11 @@ OTEL_HELP: Final = (
 
 
 def otel_from_env(args: argparse.Namespace, service_name: str, **options: Any) -> OtelSetup | None:
-    """--otel: the SDK configured from the OTEL_* variables (agent_runs.telemetry_setup), or
+    """--otel: the SDK configured from the OTEL_* variables (agent_runs.telemetry.sdk_setup), or
     None without it; missing packages are a usage error naming them."""
     if not getattr(args, "otel", False):
         return None
-    from agent_runs.telemetry_setup import configure_from_env
+    from agent_runs.telemetry.sdk_setup import configure_from_env
 
     return configure_from_env(service_name, **options)
 

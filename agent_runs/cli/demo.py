@@ -33,7 +33,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from agent_runs.devtools.demo import run_demo
+    from agent_runs.devtools.worker_demo import run_demo
 
     dsn = args.dsn or os.environ.get("DATABASE_URL") or None
     if dsn is not None:

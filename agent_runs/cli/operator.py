@@ -20,9 +20,9 @@ from agent_runs.cli.common import UsageError, open_connection, positive_int
 from agent_runs.display import aligned, escape
 from agent_runs.durations import format_duration, parse_duration, parse_since
 from agent_runs.models import AgentRun, RunStatus
-from agent_runs.operations import RunStats, RunSummary, runs_cursor
 from agent_runs.operator_values import RunFilters
 from agent_runs.repository import AgentRunRepository
+from agent_runs.repository.operator_queries import RunStats, RunSummary, runs_cursor
 
 RUNS_COLUMNS: Final = (
     "id",

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 
+from agent_runs.cli import (
+    client,
+    dashboard,
+    demo,
+    limits,
+    migrate,
+    operator,
+    recovery,
+    wait,
+    worker,
+)
 from agent_runs.cli.common import PROG, Parser
 
 # Command modules in help order; each has `register(sub, common)`.
-COMMAND_MODULES = (
-    "agent_runs.cli.migrate",
-    "agent_runs.cli.client",
-    "agent_runs.cli.wait",
-    "agent_runs.cli.worker",
-    "agent_runs.cli.operator",
-    "agent_runs.cli.recovery",
-    "agent_runs.cli.limits",
-    "agent_runs.cli.demo",
-    "agent_runs.cli.dashboard",
-)
+COMMAND_MODULES = (migrate, client, wait, worker, operator, recovery, limits, demo, dashboard)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,12 +39,6 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 ok, 2 bad usage or input, 1 failure",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue  # a command module not present in this build
+    for module in COMMAND_MODULES:
         module.register(sub, common)
     return parser

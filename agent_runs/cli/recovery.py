@@ -12,8 +12,8 @@ from agent_runs.display import escape
 from agent_runs.durations import parse_duration
 from agent_runs.errors import InvalidArgument
 from agent_runs.policies import RunPolicy
-from agent_runs.recovery import KEEP
 from agent_runs.repository import AgentRunRepository
+from agent_runs.repository.recovery_transitions import KEEP
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:

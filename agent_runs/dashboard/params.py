@@ -16,11 +16,11 @@ from urllib.parse import urlencode
 from starlette.datastructures import QueryParams
 
 from agent_runs import validation as check
-from agent_runs.dashboard.text import Shown, shown
+from agent_runs.dashboard.page_text import Shown, shown
 from agent_runs.durations import parse_duration, parse_since
 from agent_runs.errors import InvalidArgument
 from agent_runs.models import AttemptOutcome, RunStatus
-from agent_runs.operations import DEFAULT_STUCK_AFTER, MAX_LIST_LIMIT
+from agent_runs.repository.operator_queries import DEFAULT_STUCK_AFTER, MAX_LIST_LIMIT
 
 RUNS_PARAMS: Final = (
     "status",

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Scope
 
-from agent_runs.dashboard import text
+from agent_runs.dashboard import page_text
 from agent_runs.dashboard.guard import dashboard_root, route_path
 from agent_runs.models import AttemptOutcome, RunStatus
 
@@ -60,15 +60,15 @@ def make_environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters.update(
-        shown=text.shown,
-        lines=text.lines,
-        cut=text.cut,
-        iso=text.iso,
-        json_text=text.json_text,
+        shown=page_text.shown,
+        lines=page_text.lines,
+        cut=page_text.cut,
+        iso=page_text.iso,
+        json_text=page_text.json_text,
         seg=segment,
         idseg=run_segment,
-        duration=text.duration,
-        seconds=text.seconds,
+        duration=page_text.duration,
+        seconds=page_text.seconds,
         state=state_class,
     )
     return env
@@ -93,7 +93,7 @@ def page(
         "base": dashboard_root(scope),
         "path": route_path(scope),
         "now": now,
-        "ago": lambda value: text.ago(value, now),
+        "ago": lambda value: page_text.ago(value, now),
         "refresh_seconds": REFRESH_SECONDS,
         "login_required": bool(settings and settings.token),
         **context,
@@ -112,7 +112,7 @@ def error_page(
     env: Environment, request: Request | Scope, status: int, title: str, message: str
 ) -> Response:
     """An error page. `title` and `message` are escaped and cut here, unless they are already
-    visible text (`text.Shown`, e.g. a message that quotes a request's value cut short)."""
+    visible text (`page_text.Shown`, e.g. a message that quotes a request's value cut short)."""
     scope = request.scope if isinstance(request, Request) else request
     return page(
         env,
@@ -131,5 +131,9 @@ ERROR_TITLE_CHARS: Final = 200
 ERROR_MESSAGE_CHARS: Final = 2000
 
 
-def _visible(value: str, limit: int) -> text.Shown:
-    return text.cut(value, limit) if isinstance(value, text.Shown) else text.shown(value, limit)
+def _visible(value: str, limit: int) -> page_text.Shown:
+    return (
+        page_text.cut(value, limit)
+        if isinstance(value, page_text.Shown)
+        else page_text.shown(value, limit)
+    )

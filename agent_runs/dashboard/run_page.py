@@ -13,9 +13,9 @@ from agent_runs import validation as check
 from agent_runs.dashboard import data
 from agent_runs.dashboard.chart import attempt_timeline
 from agent_runs.dashboard.common import REPLICA_NOTE, NotFound, guarded, settings
+from agent_runs.dashboard.page_text import Shown, plain, shown
 from agent_runs.dashboard.params import BadParameter, only, single
 from agent_runs.dashboard.render import page
-from agent_runs.dashboard.text import Shown, plain, shown
 from agent_runs.errors import InvalidArgument
 from agent_runs.explain import explain_run
 from agent_runs.models import AgentRun

@@ -17,6 +17,7 @@ from agent_runs.cursors import decode_cursor
 from agent_runs.dashboard import data
 from agent_runs.dashboard.common import NotFound, guarded, settings
 from agent_runs.dashboard.guard import dashboard_root
+from agent_runs.dashboard.page_text import Shown, shown
 from agent_runs.dashboard.params import (
     OUTCOMES,
     BadParameter,
@@ -26,10 +27,9 @@ from agent_runs.dashboard.params import (
     single,
 )
 from agent_runs.dashboard.render import page, run_segment
-from agent_runs.dashboard.text import Shown, shown
 from agent_runs.errors import InvalidArgument
 from agent_runs.models import RunStatus
-from agent_runs.operations import runs_cursor
+from agent_runs.repository.operator_queries import runs_cursor
 
 LIVE_STATUSES: Final = ("pending", "running", "cancel_requested")
 FINAL_STATUSES: Final = ("completed", "failed", "interrupted", "cancelled")

@@ -22,7 +22,7 @@ from typing import Annotated, Any, TypedDict
 from langgraph.graph import END, START, StateGraph
 
 from agent_runs.db import connect
-from agent_runs.devtools.demo import _Children, _sigterm_as_interrupt
+from agent_runs.devtools.worker_demo import _Children, _sigterm_as_interrupt
 from agent_runs.explain import explain_run
 from agent_runs.langgraph import LangGraphAgent, run_context, setup
 from agent_runs.migrate import apply_migrations

@@ -22,7 +22,7 @@ from agent_runs.errors import DB_ERRORS
 from agent_runs.logs import logger
 from agent_runs.models import AgentRun, ClaimedRun, Finish
 from agent_runs.repository import AgentRunRepository
-from agent_runs.telemetry_guard import deferred
+from agent_runs.telemetry.sdk_guard import deferred
 from agent_runs.worker.batching import GroupCommit
 from agent_runs.worker.checkout import Repositories
 from agent_runs.worker.heartbeat import HeartbeatService

@@ -17,7 +17,7 @@ from agent_runs.errors import DB_ERRORS
 from agent_runs.logs import logger
 from agent_runs.models import RunStatus
 from agent_runs.repository import AgentRunRepository
-from agent_runs.telemetry_guard import deferred
+from agent_runs.telemetry.sdk_guard import deferred
 from agent_runs.worker.checkout import connection
 from agent_runs.worker.exception_text import one_line
 from agent_runs.worker.lease import Lease

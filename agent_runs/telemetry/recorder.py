@@ -1,9 +1,9 @@
-"""OpenTelemetry traces and metrics for agent runs, off unless asked for.
+"""Telemetry: the OpenTelemetry traces and metrics of agent runs, off unless asked for.
 
 `Telemetry` is the one object the repository and the worker call where a fact commits: runs
 created (`sending`, `sending_many`), attempts claimed (`claimed`), ends written (`ended`), a
 worker letting go of an attempt (`released`), renewals, reconcile passes (`reconciled`). Only
-the agent_runs.telemetry* modules import opentelemetry, when a Telemetry is made: with
+the agent_runs.telemetry package imports opentelemetry, when a Telemetry is made: with
 telemetry off it is never loaded and each of those points costs one `is None` check.
 
 Spans follow the OpenTelemetry semantic conventions for messaging (v1.44.0, still Development):
@@ -16,7 +16,7 @@ Spans follow the OpenTelemetry semantic conventions for messaging (v1.44.0, stil
 - `reconcile agent_runs`, INTERNAL, only for a pass that converged runs, linked to their
   creating spans.
 
-Hooks are guarded (agent_runs.telemetry_guard): whatever the SDK raises, a call answers what
+Hooks are guarded (agent_runs.telemetry.sdk_guard): whatever the SDK raises, a call answers what
 committed. An attempt's span is kept here by its owner token: it travels explicitly from the
 claiming thread to the executing (`executing`) and writing ones, never in a thread's context.
 """
@@ -32,14 +32,14 @@ from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
-from agent_runs.telemetry_context import (
+from agent_runs.telemetry.sdk_guard import guarded, safely
+from agent_runs.telemetry.trace_context import (
     SPAN_RELATIONSHIPS,
     check_options,
     package_version,
     qualified,
     storable,
 )
-from agent_runs.telemetry_guard import guarded, safely
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, TracerProvider
 
     from agent_runs.models import AgentRun
-    from agent_runs.telemetry_metrics import Instruments, QueueGauges
+    from agent_runs.telemetry.metrics import Instruments, QueueGauges
 
 __all__ = ["SPAN_RELATIONSHIPS", "Telemetry"]
 
@@ -103,7 +103,7 @@ class Telemetry:
         from opentelemetry.trace import Link, SpanKind, Status, StatusCode
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        from agent_runs.telemetry_metrics import Instruments
+        from agent_runs.telemetry.metrics import Instruments
 
         version = package_version()
         self.span_relationship = span_relationship
@@ -125,7 +125,7 @@ class Telemetry:
         self._observe_queue = observe_queue
         self._queue_timeout = queue_statement_timeout_seconds
         self.queue_gauges: QueueGauges | None = None
-        from agent_runs.telemetry_logging import install_log_filter
+        from agent_runs.telemetry.log_filter import install_log_filter
 
         install_log_filter(trace)
 
@@ -374,7 +374,7 @@ class Telemetry:
         with self._lock:
             if self.queue_gauges is not None:
                 return
-            from agent_runs.telemetry_queue import queue_reader
+            from agent_runs.telemetry.queue_query import queue_reader
 
             read = queue_reader(source, timeout_seconds=self._queue_timeout)
             self.queue_gauges = self.instruments.observe_queue(self.meter, read)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from agent_runs.dashboard.demo import LIVE_SLUG, demo_database, live_trickle
+from dev.dashboard_demo import LIVE_SLUG, demo_database, live_trickle
 
 CHROMIUM: Final = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS: Final = (
@@ -36,7 +36,7 @@ def _free_port() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent_runs.dashboard.screenshots")
+    parser = argparse.ArgumentParser(prog="python -m dev.screenshots")
     parser.add_argument("--out", default="docs/screenshots")
     parser.add_argument("--dsn", default=None)
     args = parser.parse_args(argv)

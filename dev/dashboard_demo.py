@@ -1,7 +1,7 @@
 """`make dashboard` and `make screenshots`: an embedded PostgreSQL with the demo's workload, a
 sub-agent tree and a trickle of live runs, served by the dashboard.
 
-`python -m agent_runs.dashboard.demo [--port N]` serves until Ctrl-C and stops everything it
+`python -m dev.dashboard_demo [--port N]` serves until Ctrl-C and stops everything it
 started (the worker process, the embedded server) on the way out.
 """
 
@@ -118,7 +118,7 @@ def live_trickle(dsn: str, every: float = 4.0) -> Iterator[None]:
 def demo_database(dsn: str | None) -> Iterator[str]:
     """An embedded PostgreSQL (unless `dsn`), migrated, with the demo's finished runs and a
     sub-agent tree."""
-    from agent_runs.devtools.demo import run_demo
+    from agent_runs.devtools.worker_demo import run_demo
 
     with ExitStack() as stack:
         if dsn is None:
@@ -134,7 +134,7 @@ def demo_database(dsn: str | None) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent_runs.dashboard.demo")
+    parser = argparse.ArgumentParser(prog="python -m dev.dashboard_demo")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--dsn", default=None, help="use this database instead of an embedded one")
     args = parser.parse_args(argv)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from agent_runs.errors import InvalidArgument
-from agent_runs.telemetry import Telemetry
+from agent_runs.telemetry.recorder import Telemetry
 
 INSTALL_HINT: Final = (
     "pip install 'agent_runs[otel-cli]' (opentelemetry-api, opentelemetry-sdk, "

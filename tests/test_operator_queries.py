@@ -16,7 +16,7 @@ import pytest
 import agent_runs
 import agent_runs.sql
 from agent_runs import AgentRun, AgentRunRepository, InvalidArgument, RunStatus
-from agent_runs.operations import runs_cursor
+from agent_runs.repository.operator_queries import runs_cursor
 
 Conn = psycopg.Connection[Any]
 MakeRun = Callable[..., AgentRun]

@@ -3,9 +3,10 @@
 Each public method is written as its plan (agent_runs.steps): a short validation block, the
 sql/ file it runs, and how its answer reads. `@planned` makes it a method that this face drives
 on its connection (agent_runs.driver: one round trip per transition); the asyncio face,
-agent_runs.aio.AsyncAgentRunRepository, drives the very same plans. The worker's lean variants
-live in agent_runs.lean, the operator's queries in agent_runs.operations, create_runs in
-agent_runs.fanout (all mixed in).
+agent_runs.aio.AsyncAgentRunRepository, drives the very same plans. This module holds one
+run's creation, reads and transitions; the rest is mixed in from its siblings: the worker's
+transitions (worker_transitions), create_runs (run_batches), the operator's queries
+(operator_queries), the recovery policy (recovery_transitions) and limits per key (key_limits).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
 from agent_runs import validation as check
-from agent_runs.claims import LEASE_EXPIRED_MESSAGE, claim, first_claimed, next_claim
 from agent_runs.driver import SyncDriver
 from agent_runs.errors import (
     UQ_ONE_ACTIVE_PER_THREAD,
@@ -26,13 +26,19 @@ from agent_runs.errors import (
     NotLeaseOwner,
     ThreadBusy,
 )
-from agent_runs.fanout import RunBatches
 from agent_runs.ids import new_run_id
-from agent_runs.key_limits import KeyLimits
-from agent_runs.lean import LeanTransitions
 from agent_runs.models import AgentRun, Claim, RunAttempt, RunStatus, Transition
-from agent_runs.operations import OperatorQueries
-from agent_runs.recovery import RecoveryTransitions
+from agent_runs.repository.claim_plans import (
+    LEASE_EXPIRED_MESSAGE,
+    claim,
+    first_claimed,
+    next_claim,
+)
+from agent_runs.repository.key_limits import KeyLimits
+from agent_runs.repository.operator_queries import OperatorQueries
+from agent_runs.repository.recovery_transitions import RecoveryTransitions
+from agent_runs.repository.run_batches import RunBatches
+from agent_runs.repository.worker_transitions import WorkerTransitions
 from agent_runs.rows import attempt_of, run_of
 from agent_runs.steps import Execute, Plan, Transaction, planned
 from agent_runs.transport import Row, Statement, statement
@@ -41,7 +47,7 @@ __all__ = ["LEASE_EXPIRED_MESSAGE", "AgentRunRepository", "new_run_id"]
 
 
 class AgentRunRepository(
-    RecoveryTransitions, OperatorQueries, LeanTransitions, RunBatches, KeyLimits, SyncDriver
+    RecoveryTransitions, OperatorQueries, WorkerTransitions, RunBatches, KeyLimits, SyncDriver
 ):
     """The data access object for agent_runs and agent_run_attempts over one psycopg connection.
 

@@ -1,4 +1,4 @@
-"""The worker's lean transitions: answers it needs without a second read, and batches (one
+"""The worker's transitions: answers it needs without a second read, and batches (one
 statement for many runs, each under its own lock and rule). Plans (agent_runs.steps), mixed into
 both repository faces."""
 
@@ -9,8 +9,14 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from agent_runs import validation as check
-from agent_runs.claims import LEASE_EXPIRED_MESSAGE, claim, claimed, first_claimed, next_claim
 from agent_runs.models import AgentRun, ClaimedRun, Finish, RunStatus
+from agent_runs.repository.claim_plans import (
+    LEASE_EXPIRED_MESSAGE,
+    claim,
+    claimed,
+    first_claimed,
+    next_claim,
+)
 from agent_runs.rows import run_of, utc
 from agent_runs.steps import Execute, Plan, planned
 from agent_runs.transport import Row, statement
@@ -19,7 +25,7 @@ if TYPE_CHECKING:  # never imported at run time: telemetry off costs no import
     from agent_runs.telemetry import Telemetry
 
 
-class LeanTransitions:
+class WorkerTransitions:
     """get_run_by_owner, claim_next_attempt(s), renew_leases, finish_runs and
     finish_runs_and_claim."""
 
@@ -110,7 +116,7 @@ class LeanTransitions:
         self, finishes: Sequence[Finish], *, now: datetime | None = None
     ) -> Plan[dict[str, datetime]]:
         """set_terminal_status for many runs of their owners, in one statement (each run under
-        its own lock and rule). The lean answer: run_id -> finished_at of each run finished; a
+        its own lock and rule). The short answer: run_id -> finished_at of each run finished; a
         refused or missing run is absent (ask set_terminal_status or get_run why)."""
         run_ids, worker_ids, statuses, error_types, error_messages, outputs = check.finishes(
             finishes

@@ -1,6 +1,7 @@
-"""Adversarial review of the dashboard at HTTP level: parameters only ASCII digits parse as
-numbers, error pages inside the static mount link to the dashboard's own root, and the other
-holes found in review (each test failed before its fix)."""
+"""The dashboard at HTTP level against odd requests: parameters only ASCII digits parse as
+numbers, error pages inside the static mount link to the dashboard's own root, run ids of line
+breaks or dots reach their routes, only login and static files are open without the token, and a
+run page stays bounded."""
 
 from __future__ import annotations
 

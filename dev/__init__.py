@@ -1,0 +1,3 @@
+"""Development drivers, not shipped: `make dashboard` (dashboard_demo) and `make screenshots`."""
+
+from __future__ import annotations
