@@ -1,7 +1,7 @@
 -- requeue_run: an operator runs an ended run again, with a fresh budget.
 -- from: failed | cancelled | interrupted
--- to:   pending, available_at = now, error fields, output, finished_at and lease cleared; one
---       agent_run_requeues row records it; wakes agent_runs_claimable
+-- to:   pending, available_at = now, error fields, output, finished_at and lease cleared, parked
+--       when its key is full; one agent_run_requeues row records it; wakes agent_runs_claimable
 -- returns: the run as it is now with changed; the locked run unchanged when its status
 --          refuses (completed or not ended); no row for an unknown run
 -- notes: sql/README.md (clock, CASE not IN, data-modifying CTEs, wake-ups)
@@ -20,7 +20,12 @@ requeued AS (
         (error_type, error_message, finished_at, output) = (NULL, NULL, NULL, NULL),
         (worker_id, heartbeat_at, lease_expires_at) = (NULL, NULL, NULL),
         available_at = clock.now,
-        updated_at = clock.now
+        updated_at = clock.now,
+        -- limits per key: parked when its key is full (out of the claim index, as a new run
+        -- is); the regate trigger then brings it back if an end freed a slot meanwhile
+        key_waiting = r.concurrency_key IS NOT NULL AND EXISTS (
+            SELECT FROM agent_run_limits l
+            WHERE l.concurrency_key = r.concurrency_key AND l.running >= l.max_running)
     FROM locked, clock
     WHERE r.id = locked.id
       AND CASE locked.status

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -48,6 +48,51 @@ def test_the_end_that_frees_a_full_keys_slot_wakes_a_worker_for_its_oldest_waiti
     assert _claimable(received(claimable, observer)) == []
     repo.set_terminal_status(first.id, status="completed", worker_id="w-1")
     assert _claimable(received(claimable, observer)) == ["translate"]
+
+
+def test_a_raised_limit_wakes_a_worker_for_the_next_run_in_claim_order(
+    repo: AgentRunRepository, claimable: Conn, observer: Conn
+) -> None:
+    repo.set_limit("provider:q", 0)  # paused
+    new_run(repo, concurrency_key="provider:q", agent_slug="routine", priority=5)
+    new_run(
+        repo,
+        concurrency_key="provider:q",
+        agent_slug="later",
+        priority=0,
+        available_at=datetime.now(UTC) + timedelta(hours=1),
+    )
+    new_run(repo, concurrency_key="provider:q", agent_slug="urgent", priority=0)
+    received(claimable, observer)  # the creations' wake-ups
+    repo.set_limit("provider:q", 1)
+    # Not the oldest run ("routine"), nor one scheduled for later: the one a claim takes.
+    assert _claimable(received(claimable, observer)) == ["urgent"]
+
+
+def test_a_requeued_run_of_a_full_key_is_parked_until_a_slot_frees(
+    repo: AgentRunRepository, observer: Conn
+) -> None:
+    repo.set_limit("provider:r", 2)
+    first = new_run(repo, concurrency_key="provider:r")
+    second = new_run(repo, concurrency_key="provider:r")
+    assert repo.claim_next(worker_id="w-1", lease_seconds=LEASE).id == first.id  # type: ignore[union-attr]
+    assert repo.claim_next(worker_id="w-2", lease_seconds=LEASE).id == second.id  # type: ignore[union-attr]
+    repo.set_terminal_status(second.id, status="failed", worker_id="w-2", error_type="boom")
+    repo.set_limit("provider:r", 1)  # full again: first holds its only slot
+
+    def parked() -> bool:
+        row = observer.execute(
+            "SELECT key_waiting FROM agent_runs WHERE id = %s", (second.id,)
+        ).fetchone()
+        assert row is not None
+        return bool(row[0])
+
+    assert repo.requeue_run(second.id).changed
+    assert parked()  # out of the claim index while its key is full
+    assert repo.claim_next(worker_id="w-3", lease_seconds=LEASE) is None
+    repo.set_terminal_status(first.id, status="completed", worker_id="w-1")
+    assert not parked()
+    assert repo.claim_next(worker_id="w-3", lease_seconds=LEASE).id == second.id  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("ending", ["release", "finish_runs", "reconcile", "cancel"])
