@@ -1,5 +1,5 @@
 """Hardening II: facts, logs and exit codes hold against hostile agents, lineage loops and lost
-connections (issue 28). One section per class of hole; each test failed before its fix."""
+connections. One section per class of hole; each test failed before its fix."""
 
 from __future__ import annotations
 
