@@ -258,7 +258,7 @@ def finished_runs(
     """A page of the runs finished since window_start, the latest first (keyset `before`)."""
     return _page(
         reader,
-        "dashboard.finished_runs",
+        query("dashboard.finished_runs"),
         window_start=window_start,
         before=before,
         filters=filters,
@@ -278,7 +278,7 @@ def runs_by_attempt(
     (outcome, error_type, worker), the latest matching attempt first (keyset `before`)."""
     return _page(
         reader,
-        "dashboard.runs_by_attempt",
+        query("dashboard.runs_by_attempt"),
         window_start=window_start,
         before=before,
         filters=filters,
@@ -288,7 +288,7 @@ def runs_by_attempt(
 
 def _page(
     reader: Reader,
-    name: str,
+    sql: LiteralString,
     *,
     window_start: datetime,
     before: tuple[datetime, str] | None,
@@ -302,7 +302,7 @@ def _page(
         "limit": limit,
         **filters,
     }
-    return reader.rows(query(name), params)
+    return reader.rows(sql, params)
 
 
 def run_times(reader: Reader, run_ids: list[str]) -> dict[str, dict[str, Any]]:
