@@ -24,7 +24,12 @@ class Listed(Protocol):
 
 def runs_cursor(run: Listed) -> str:
     """The keyset cursor after `run`: pass it as `before` to get the next (older) page."""
-    raw = json.dumps([run.created_at.astimezone(UTC).isoformat(), run.id])
+    return keyset_cursor(run.created_at, run.id)
+
+
+def keyset_cursor(at: datetime, run_id: str) -> str:
+    """The cursor of a keyset position (a time, then a run id), as `decode_cursor` reads it."""
+    raw = json.dumps([at.astimezone(UTC).isoformat(), run_id])
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 

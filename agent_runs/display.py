@@ -1,4 +1,5 @@
-"""Text for humans: values from users and agents printed as one cell, never as control codes."""
+"""Text for humans: values from users and agents printed as one cell, never as control codes,
+and exceptions told in one line."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def escape(value: object) -> str:
             out.append("\\\\")
         elif ch in _NAMED:
             out.append(_NAMED[ch])
-        elif _unsafe(ch):
+        elif unsafe(ch):
             code = ord(ch)
             out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
         else:
@@ -30,7 +31,9 @@ def escape(value: object) -> str:
     return "".join(out)
 
 
-def _unsafe(ch: str) -> bool:
+def unsafe(ch: str) -> bool:
+    """True for a character that must not reach a screen as it is: a control character (C0, C1,
+    DEL), a bidi control, a line or paragraph separator, a lone surrogate."""
     if ch in _BIDI:
         return True
     category = unicodedata.category(ch)
@@ -50,3 +53,30 @@ def aligned(rows: Iterable[Sequence[str]]) -> list[str]:
     ]
     out.insert(1, "  " + "  ".join("-" * w for w in widths))
     return out
+
+
+def exception_text(exc: BaseException) -> str:
+    """`Type: message`, or `Type` alone; never raises, even for an exception whose __str__ does."""
+    name = type(exc).__name__
+    try:
+        text = str(exc)
+    except BaseException as failure:  # an agent's exception may fail to print itself
+        try:
+            why = type(failure).__name__
+        except BaseException:  # pragma: no cover - defensive
+            why = "an error"
+        return f"{name}: <the exception could not be printed: {why}>"
+    return f"{name}: {text}" if text else name
+
+
+def one_line(exc: BaseException, *, with_type: bool = False) -> str:
+    """The exception's message on one line (each run of white space, line breaks included, one
+    space), or its type's name when the message is empty or cannot be printed; `with_type`:
+    `Type: message` (`exception_text`) on one line. Never raises."""
+    if with_type:
+        return " ".join(exception_text(exc).split())
+    try:
+        text = " ".join(str(exc).split())
+    except Exception:  # an exception that cannot print itself is named by its type
+        text = ""
+    return text or type(exc).__name__

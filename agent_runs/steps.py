@@ -87,20 +87,10 @@ class Done(Generic[_T]):
     value: _T
 
 
-def advance(plan: Generator[_Y, Any, _T], answer: object) -> _Y | Done[_T]:
-    """Send a step's answer (or throw its `Failed` error) into a plan or stream: what it
-    yields next, or `Done` with its value. Start it with answer None."""
-    try:
-        if isinstance(answer, Failed):
-            return plan.throw(answer.error)
-        return plan.send(answer)
-    except StopIteration as stop:
-        return Done(stop.value)
-
-
-def next_step(plan: Plan[Any], answer: object) -> Step:
-    """Send a step's answer (or throw its `Failed` error) into a plan: its next step. Raises
-    StopIteration, carrying the plan's value, when it is done."""
+def next_step(plan: Generator[_Y, Any, Any], answer: object) -> _Y:
+    """Send a step's answer (or throw its `Failed` error) into a plan or stream: what it yields
+    next. Raises StopIteration, carrying the plan's value, when it is done. Start it with
+    answer None."""
     if type(answer) is Failed:
         return plan.throw(answer.error)
     return plan.send(answer)
@@ -112,8 +102,11 @@ def pull(stream: Stream[_T]) -> Plan[Emit[_T] | Done[None]]:
     the connection for a batch at a time, never between items."""
     answer: object = None
     while True:
-        item = advance(stream, answer)
-        if isinstance(item, Emit | Done):
+        try:
+            item = next_step(stream, answer)
+        except StopIteration:
+            return Done(None)
+        if isinstance(item, Emit):
             return item
         try:
             answer = yield item

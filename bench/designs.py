@@ -1,5 +1,5 @@
 """What each schema design costs: `python -m bench.designs [--dsn URL] [--seconds S] [--threads
-1 4] [--quick]` (issue 26).
+1 4] [--quick]`.
 
 Every design (bench.designs_ddl) lives in its own schema of one fresh database, holds the same
 10,000 finished runs with their attempts plus pending runs topped up between slices, and runs

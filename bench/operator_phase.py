@@ -21,7 +21,6 @@ import agent_runs
 from agent_runs import AgentRunRepository
 
 FULL_RUNS: Final = 1_000_000
-FALLBACK_RUNS: Final = 100_000  # when seeding the full history would take over ~2 minutes
 QUICK_RUNS: Final = 2_000
 CHUNK: Final = 100_000
 SEED_BUDGET_SECONDS: Final = 120.0
@@ -91,7 +90,7 @@ def _seed(url: str, quick: bool) -> tuple[int, float]:
             conn.execute(_HISTORY, {"first": seeded + 1, "last": last, "total": target})
             seeded = last
             elapsed = time.monotonic() - started
-            # Too slow for the full size on this machine: settle for the fallback size.
+            # Too slow for the full size on this machine: settle for the first chunk.
             if not quick and seeded == CHUNK and elapsed * FULL_RUNS / CHUNK > SEED_BUDGET_SECONDS:
                 break
         conn.execute(_LIVE)

@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import psycopg
 
@@ -267,8 +267,6 @@ def reconcile_phase(url: str, *, expired: int, limit: int = 500) -> dict[str, An
 
 
 # -- claim_next latency as backlog and history grow -------------------------------------------
-
-CLAIM_SIZES: Final = {"small": (100, 1_000), "large": (100_000, 1_000_000)}
 
 
 def seed_backlog(url: str, *, pending: int, finished: int, parallel: int = 2) -> float:

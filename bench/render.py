@@ -32,7 +32,7 @@ def targets(results: dict[str, Any]) -> list[Target]:
     ]
 
 
-# Issue 26 (Performance III): the repository at its floor at every thread count, and the
+# Targets: the repository at its floor at every thread count, and the
 # schema's own cost (the same statements on the project's schema ÷ on the lean one).
 REPOSITORY_OVER_FLOOR: Final = 0.9
 FLOOR_OVER_LEAN: Final = 0.75
@@ -107,7 +107,7 @@ def render(payload: dict[str, Any]) -> str:
                 "repository",
                 "floor",
                 "repo÷floor",
-                "lean calls÷floor**",
+                "worker calls÷floor**",
                 "floor in tx*",
                 "tx÷floor",
                 "WAL B/lc repo",
@@ -121,7 +121,7 @@ def render(payload: dict[str, Any]) -> str:
         " repository's transport: what the explicit transaction per transition costs alone"
     )
     out.append(
-        "  ** the repository's lean calls, as its worker makes them: claim_next_attempt,"
+        "  ** the repository's calls as its worker makes them: claim_next_attempt,"
         " renew_lease, finish_runs of one run"
     )
     if "wal" in r:
@@ -239,7 +239,7 @@ def render(payload: dict[str, Any]) -> str:
             "the most a BEGIN … COMMIT per transition allows here"
         )
         out.append(
-            f"  info  the repository's lean calls (the worker's) reach "
+            f"  info  the repository's calls as its worker makes them reach "
             f"{at4['lean_calls_ratio']:.2f} of the floor at {TARGET_THREADS} threads"
         )
     out.extend(deployment.render_phases(r))

@@ -15,7 +15,7 @@ from bench.workload import RENEWALS_PER_LIFECYCLE, SegmentResult, tables_of
 
 # The variants whose WAL is compared: the repository, the same-schema floor, the lean floor.
 WAL_VARIANTS: Final = ("repository", "floor", "lean")
-# Issue 26 (Performance III): WAL per lifecycle, repository ÷ lean floor, without page images and
+# Targets: WAL per lifecycle, repository ÷ lean floor, without page images and
 # with them (a CHECKPOINT every `checkpoint_every_lifecycles`).
 WAL_TARGETS: Final = {"without_fpi": 1.6, "with_fpi": 2.0}
 

@@ -30,7 +30,7 @@ RENEWALS_PER_LIFECYCLE: Final = 3
 TRANSITIONS: Final = ("claim", "renew", "complete")
 VARIANTS: Final = ("repository", "floor")
 # Throughput also runs the lean floor (its own schema), a diagnostic (the floor's statements in
-# explicit transactions) and the repository's lean calls, the ones its worker makes.
+# explicit transactions) and the repository's calls as its worker makes them.
 THROUGHPUT_VARIANTS: Final = ("repository", "floor", "lean", "floor_tx", "repository_lean")
 WARMUP_LIFECYCLES: Final = 5  # per thread of a crew, before anything is measured
 
@@ -69,7 +69,7 @@ class RepositoryClient:
 
 
 class RepositoryLeanClient(RepositoryClient):
-    """The repository's lean calls, as its worker makes them: claim_next_attempt (the run and
+    """The repository's calls as its worker makes them: claim_next_attempt (the run and
     its attempt_no), renew_lease, finish_runs of one run (answers finished_at only)."""
 
     def claim(self, worker_id: str) -> str | None:

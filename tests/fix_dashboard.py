@@ -85,7 +85,7 @@ SECURITY_HEADERS = {
 
 
 def assert_secured(response: Any) -> None:
-    """The SPEC's headers, and never a traceback in the body."""
+    """The security headers every response carries, and never a traceback in the body."""
     for name, value in SECURITY_HEADERS.items():
         assert response.headers.get(name) == value, (name, response.status_code)
     assert "Traceback" not in response.text

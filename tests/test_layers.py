@@ -1,5 +1,6 @@
-"""Import rules import-linter cannot express: bench and chaos never reach for a private name of
-agent_runs (a `_name` imported from it, or read as an attribute of one of its modules).
+"""Import rules import-linter cannot express: no module of agent_runs, bench or chaos reaches
+for a private name of another agent_runs module (a `_name` imported from it, or read as an
+attribute of one of its modules). What two modules share is public in one of them.
 
 The module-level rules (who may import the worker, the CLI, the transport, psycopg internals)
 are contracts in pyproject.toml, checked by `lint-imports` in `make lint`.
@@ -21,9 +22,11 @@ def _private_uses(tree: ast.AST) -> list[str]:
     aliases = {"agent_runs"}
     found: list[str] = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("agent_runs"):
-            module = node.module or ""
-            if any(part.startswith("_") for part in module.split(".")):
+        if isinstance(node, ast.ImportFrom) and (
+            node.level or (node.module or "").startswith("agent_runs")
+        ):
+            module = "." * node.level + (node.module or "")
+            if any(part.startswith("_") for part in module.split(".") if part):
                 found.append(f"line {node.lineno}: from {module} import …")
             for alias in node.names:
                 if alias.name.startswith("_"):
@@ -52,10 +55,32 @@ def _client_files() -> list[Path]:
     return sorted(path for name in CLIENTS for path in (ROOT / name).rglob("*.py"))
 
 
+# Owned by the worker/notify refactor: aio/notify.py imports _LISTEN_FINISHED and
+# _UNLISTEN_FINISHED from notify.py. Remove this entry once that refactor has merged.
+NOT_YET: dict[str, str] = {
+    "agent_runs/aio/notify.py": "owned by the worker/notify refactor",
+}
+
+
+def _package_files() -> list[object]:
+    return [
+        pytest.param(path, marks=pytest.mark.skip(reason=NOT_YET[name]))
+        if (name := str(path.relative_to(ROOT))) in NOT_YET
+        else path
+        for path in sorted((ROOT / "agent_runs").rglob("*.py"))
+    ]
+
+
 @pytest.mark.parametrize("path", _client_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_bench_and_chaos_use_no_private_name_of_agent_runs(path: Path) -> None:
     found = _private_uses(ast.parse(path.read_text(encoding="utf-8")))
     assert not found, f"{path.relative_to(ROOT)} uses private names: {found}"
+
+
+@pytest.mark.parametrize("path", _package_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_of_agent_runs_uses_a_private_name_of_another(path: Path) -> None:
+    found = _private_uses(ast.parse(path.read_text(encoding="utf-8")))
+    assert not found, f"{path.relative_to(ROOT)} uses private names of another module: {found}"
 
 
 @pytest.mark.parametrize(
@@ -65,6 +90,9 @@ def test_bench_and_chaos_use_no_private_name_of_agent_runs(path: Path) -> None:
         "from agent_runs._internal import Thing",
         "import agent_runs.repository as r\nr._execute",
         "from agent_runs import transport\ntransport._session",
+        "from agent_runs.validation.text import _shown",
+        "from .pipeline import _BEGIN",
+        "from . import _helpers",
     ],
 )
 def test_the_scan_sees_a_private_name(source: str) -> None:

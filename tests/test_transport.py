@@ -16,7 +16,9 @@ from psycopg import pq
 import agent_runs
 from agent_runs import AgentRunRepository, RunStatus
 from agent_runs.models import AgentRun
-from agent_runs.transport import _BEGIN, _COMMIT, _statement_name, statement
+from agent_runs.transport import statement
+from agent_runs.transport.pipeline import BEGIN, COMMIT
+from agent_runs.transport.statements import statement_name
 from tests.helpers import OWNER, new_run, read_state
 
 Conn = psycopg.Connection[Any]
@@ -159,7 +161,7 @@ def test_discard_all_is_survived_and_everything_is_prepared_again(
     conn.execute("DISCARD ALL")  # a pooler's reset, or a new server session behind it
     assert repo.renew_lease(run.id, worker_id=OWNER, lease_seconds=LEASE, now=t0)
     names = {r[0] for r in conn.execute("SELECT name FROM pg_prepared_statements")}
-    assert {_BEGIN.name.decode(), statement("renew_lease").name, _COMMIT.name.decode()} <= names
+    assert {BEGIN.name.decode(), statement("renew_lease").name, COMMIT.name.decode()} <= names
     assert conn.info.transaction_status == pq.TransactionStatus.IDLE
 
 
@@ -316,8 +318,8 @@ def test_prepare_threshold_none_means_no_named_statements_and_still_one_round_tr
 def test_statement_names_carry_a_digest_of_their_sql() -> None:
     name = statement("get_run").name
     assert name.startswith("agent_runs_get_run_") and len(name) <= 63
-    assert _statement_name("get_run", statement("get_run").sql + " ") != name
-    assert _statement_name("get_run", statement("get_run").sql) == name
+    assert statement_name("get_run", statement("get_run").sql + " ") != name
+    assert statement_name("get_run", statement("get_run").sql) == name
 
 
 def test_a_pooler_like_session_switches_to_unnamed_statements(

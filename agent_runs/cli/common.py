@@ -95,10 +95,6 @@ def otel_from_env(args: argparse.Namespace, service_name: str, **options: Any) -
     return configure_from_env(service_name, **options)
 
 
-def one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 def positive_int(text: str) -> int:
     try:
         value = int(text)

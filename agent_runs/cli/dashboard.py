@@ -15,6 +15,7 @@ import sys
 from types import FrameType
 from typing import Any, Final
 
+from agent_runs import validation as check
 from agent_runs.cli.common import UsageError, connect_options, resolve_dsn
 from agent_runs.display import escape
 from agent_runs.durations import parse_duration
@@ -75,8 +76,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         raise UsageError(
             f"refusing to serve on non-loopback host {args.host!r} without a token: set {TOKEN_ENV}"
         )
-    if token is not None and (len(token) < 8 or not token.isprintable()):
-        raise UsageError(f"{TOKEN_ENV} must be at least 8 printable characters")
+    check.dashboard_token(token, TOKEN_ENV)
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be from 1 to 65535, got {args.port}")
     if not 1 <= args.pool_size <= 100:

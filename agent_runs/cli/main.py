@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 
 import psycopg
 
-from agent_runs.cli.common import PROG, UsageError, one_line
+from agent_runs.cli.common import PROG, UsageError
 from agent_runs.cli.parser import build_parser
-from agent_runs.display import escape
+from agent_runs.display import escape, one_line
 from agent_runs.errors import InvalidArgument, ThreadBusy
 from agent_runs.migrate import MigrationLocked
 

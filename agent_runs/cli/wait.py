@@ -12,8 +12,8 @@ import psycopg
 
 from agent_runs import validation as check
 from agent_runs.backoff import Backoff
-from agent_runs.cli.common import PROG, one_line, open_connection
-from agent_runs.display import escape
+from agent_runs.cli.common import PROG, open_connection
+from agent_runs.display import escape, one_line
 from agent_runs.errors import DB_ERRORS, InvalidArgument
 from agent_runs.explain import explain_run
 from agent_runs.models import AgentRun, RunStatus

@@ -25,7 +25,6 @@ from agent_runs.cli.common import (
     check_dsn,
     connect_options,
     no_prepare,
-    one_line,
     open_connection,
     otel_from_env,
     positive_float,
@@ -34,7 +33,7 @@ from agent_runs.cli.common import (
     setup_logging,
 )
 from agent_runs.db import create_pool
-from agent_runs.display import escape
+from agent_runs.display import escape, one_line
 from agent_runs.errors import DB_ERRORS, InvalidArgument
 from agent_runs.logs import logger
 from agent_runs.repository import AgentRunRepository

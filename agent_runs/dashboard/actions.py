@@ -31,7 +31,7 @@ from agent_runs.dashboard.forms import read_fields, same_origin
 from agent_runs.dashboard.guard import dashboard_root
 from agent_runs.dashboard.params import BadParameter, only, single
 from agent_runs.dashboard.render import error_page, page
-from agent_runs.dashboard.run_page import _found, _run_id
+from agent_runs.dashboard.run_page import found_run, path_run_id
 from agent_runs.errors import InvalidArgument, ThreadBusy
 from agent_runs.models import AgentRun
 from agent_runs.repository import AgentRunRepository
@@ -140,10 +140,10 @@ def confirmer(name: str) -> Callable[[Request], Response]:
         if not config.allow_cancel:
             return _off(request)
         action = ACTIONS[name]
-        run_id = _run_id(request)
+        run_id = path_run_id(request)
         with data.reading(config.pool, config.statement_timeout_seconds) as reader:
             now = reader.now()
-            run = _found(reader.repo.get_run(run_id), run_id)
+            run = found_run(reader.repo.get_run(run_id), run_id)
             recovery = data.in_recovery(reader)
             tree = (
                 data.tree(reader, run_id, data.TREE_ON_RUN_PAGE, from_run=True)
@@ -279,7 +279,7 @@ def _perform(request: Request, name: str, run_ids: list[str]) -> Response:
         if data.in_recovery(writer):
             return error_page(config.env, request, 403, "Cancelling is off", REPLICA_NOTE)
         for run_id in run_ids:
-            _found(writer.repo.get_run(run_id), run_id)
+            found_run(writer.repo.get_run(run_id), run_id)
             try:
                 changed += ACTIONS[name].perform(writer.repo, run_id)
             except (InvalidArgument, ThreadBusy) as exc:  # the rule's refusal says why

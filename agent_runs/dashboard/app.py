@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Scope
 
+from agent_runs import validation as check
 from agent_runs.dashboard import actions, keys_page, login, pages, run_page, runs_page
 from agent_runs.dashboard.common import Settings
 from agent_runs.dashboard.data import Cached
@@ -76,12 +77,8 @@ def create_app(
     default, checks no Host: for an app mounted in another, whose server checks it (Starlette's
     TrustedHostMiddleware); `agent-runs dashboard` always passes its list.
     """
-    if not isinstance(allow_cancel, bool):
-        raise InvalidArgument("allow_cancel must be True or False")
-    if token is not None and (
-        not isinstance(token, str) or len(token) < 8 or not token.isprintable()
-    ):
-        raise InvalidArgument("token must be a printable string of at least 8 characters")
+    check.flag("allow_cancel", allow_cancel)
+    check.dashboard_token(token)
     if (
         isinstance(statement_timeout_seconds, bool)
         or not isinstance(statement_timeout_seconds, int | float)

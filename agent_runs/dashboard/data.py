@@ -20,6 +20,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
+from agent_runs.models import RunStatus
 from agent_runs.repository import AgentRunRepository
 from agent_runs.sql import query
 
@@ -34,7 +35,10 @@ TREE_LEVELS: Final = 100
 CHILDREN: Final = 50
 DAY_TOTALS_SECONDS: Final = 30.0
 LIVE_SECONDS: Final = 5.0
-_NON_TERMINAL: Final = ("pending", "running", "cancel_requested")
+# The statuses as the pages list them: live ones (pending, running, cancel_requested), then
+# final ones (completed, failed, cancelled, interrupted).
+LIVE_STATUSES: Final = tuple(s.value for s in RunStatus if not s.is_terminal)
+FINAL_STATUSES: Final = tuple(s.value for s in RunStatus if s.is_terminal)
 
 
 class Reader:
@@ -104,9 +108,9 @@ class Live:
 def live(reader: Reader) -> Live:
     rows = reader.rows(query("dashboard.live"), {"now": None})
     in_recovery = any(bool(r["in_recovery"]) for r in rows if r["key"] == "in_recovery")
-    runs = [r for r in rows if r["key"] in _NON_TERMINAL]
+    runs = [r for r in rows if r["key"] in LIVE_STATUSES]
     return Live(
-        counts={s: next((int(r["n"]) for r in runs if r["key"] == s), 0) for s in _NON_TERMINAL},
+        counts={s: next((int(r["n"]) for r in runs if r["key"] == s), 0) for s in LIVE_STATUSES},
         expired={r["key"]: int(r["expired"]) for r in runs},
         oldest={r["key"]: r["oldest"] for r in runs if r["oldest"] is not None},
         in_recovery=in_recovery,
@@ -252,14 +256,14 @@ def finished_runs(
     limit: int,
 ) -> list[dict[str, Any]]:
     """A page of the runs finished since window_start, the latest first (keyset `before`)."""
-    params = {
-        "window_start": window_start,
-        "before_at": before[0] if before else None,
-        "before_id": before[1] if before else None,
-        "limit": limit,
-        **filters,
-    }
-    return reader.rows(query("dashboard.finished_runs"), params)
+    return _page(
+        reader,
+        query("dashboard.finished_runs"),
+        window_start=window_start,
+        before=before,
+        filters=filters,
+        limit=limit,
+    )
 
 
 def runs_by_attempt(
@@ -272,6 +276,25 @@ def runs_by_attempt(
 ) -> list[dict[str, Any]]:
     """A page of the runs with an attempt finished since window_start matching `filters`
     (outcome, error_type, worker), the latest matching attempt first (keyset `before`)."""
+    return _page(
+        reader,
+        query("dashboard.runs_by_attempt"),
+        window_start=window_start,
+        before=before,
+        filters=filters,
+        limit=limit,
+    )
+
+
+def _page(
+    reader: Reader,
+    sql: LiteralString,
+    *,
+    window_start: datetime,
+    before: tuple[datetime, str] | None,
+    filters: dict[str, Any],
+    limit: int,
+) -> list[dict[str, Any]]:
     params = {
         "window_start": window_start,
         "before_at": before[0] if before else None,
@@ -279,7 +302,7 @@ def runs_by_attempt(
         "limit": limit,
         **filters,
     }
-    return reader.rows(query("dashboard.runs_by_attempt"), params)
+    return reader.rows(sql, params)
 
 
 def run_times(reader: Reader, run_ids: list[str]) -> dict[str, dict[str, Any]]:

@@ -8,20 +8,16 @@ that neither a hostile character nor a 5 MB string reaches the page. Jinja then 
 from __future__ import annotations
 
 import json
-import unicodedata
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from agent_runs.display import escape
+from agent_runs.display import escape, unsafe
 from agent_runs.durations import format_duration
 
-# Longest value shown in a table cell, and in a field of the run page.
+# Longest value shown in a table cell.
 CELL_CHARS: Final = 120
-FIELD_CHARS: Final = 4000
 # Longest formatted JSON shown on the run page; the whole document is one link away.
 JSON_CHARS: Final = 20_000
-# Bidi controls (as in display.py) that json.dumps leaves raw with ensure_ascii=False.
-_BIDI: Final = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 class Shown(str):
@@ -84,9 +80,8 @@ def json_text(document: object, limit: int = JSON_CHARS) -> Shown:
 
 
 def _json_char(ch: str) -> str:
-    if ch == "\n":
-        return ch
-    if ch in _BIDI or unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp"):
+    # json.dumps leaves these raw with ensure_ascii=False; a JSON escape keeps the text valid.
+    if ch != "\n" and unsafe(ch):
         return f"\\u{ord(ch):04x}"
     return ch
 

@@ -19,7 +19,6 @@ from agent_runs.errors import InvalidArgument
 STUCK_SHOWN: Final = 10
 HOUR: Final = timedelta(hours=1)
 WORKERS_DEFAULT_WINDOW: Final = "1h"
-TERMINAL: Final = ("completed", "failed", "cancelled", "interrupted")
 
 
 @guarded
@@ -44,8 +43,8 @@ def overview(request: Request) -> Response:
             "live_page": True,
             "now": now,
             "live": live,
-            "live_statuses": ("pending", "running", "cancel_requested"),
-            "terminal": TERMINAL,
+            "live_statuses": data.LIVE_STATUSES,
+            "terminal": data.FINAL_STATUSES,
             "last_hour": hour_at_day,
             "last_day": day.by_status,
             "day_at": day_at,

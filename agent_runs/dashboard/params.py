@@ -39,9 +39,7 @@ RUNS_PARAMS: Final = (
     "attempt_error_type",
     "scheduled",
 )
-# The filters that read runs by when they finished (the overview's windows), and the window
-# when only error_type is given.
-FINISHED_PARAMS: Final = ("error_type", "finished")
+# The window of the filters that read runs by when they finished, when only error_type is given.
 DEFAULT_FINISHED: Final = "1d"
 DEFAULT_LIMIT: Final = 50
 OUTCOMES: Final = tuple(o.value for o in AttemptOutcome)
@@ -279,12 +277,10 @@ def runs_query(params: QueryParams) -> RunsQuery:
             "stuck_after": query.stuck_after,
             "error_type": query.error_type,
         }
-        for name in (name for name, value in given_here.items() if value):
-            raise BadParameter(
-                name,
-                f"{name} cannot be combined with outcome, attempt_error_type or worker with "
-                "finished (runs by their attempts)",
-            )
+        _refuse_any(
+            given_here,
+            "outcome, attempt_error_type or worker with finished (runs by their attempts)",
+        )
     if query.by_finish:
         given = {
             "worker": query.worker,
@@ -292,8 +288,12 @@ def runs_query(params: QueryParams) -> RunsQuery:
             "stuck": query.stuck,
             "stuck_after": query.stuck_after,
         }
-        for name in (name for name, value in given.items() if value):
-            raise BadParameter(
-                name, f"{name} cannot be combined with error_type or finished (runs by finish)"
-            )
+        _refuse_any(given, "error_type or finished (runs by finish)")
     return query
+
+
+def _refuse_any(given: dict[str, object], others: str) -> None:
+    """A 400 naming the first filter of `given` that is set: it cannot go with `others`."""
+    for name, value in given.items():
+        if value:
+            raise BadParameter(name, f"{name} cannot be combined with {others}")

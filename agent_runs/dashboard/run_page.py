@@ -21,7 +21,6 @@ from agent_runs.explain import explain_run
 from agent_runs.models import AgentRun
 
 DOCUMENTS: Final = ("payload", "manifest", "output", "run")
-TERMINAL: Final = frozenset({"completed", "failed", "cancelled", "interrupted"})
 # Latest attempts shown on a run page (a crash-looping run may hold thousands: the page stays
 # bounded; `agent-runs attempts` lists them all).
 ATTEMPTS_SHOWN: Final = 100
@@ -34,7 +33,8 @@ RUN_ID_CHARS: Final = 64
 _REQUEUABLE = frozenset({"failed", "cancelled", "interrupted"})
 
 
-def _run_id(request: Request) -> str:
+def path_run_id(request: Request) -> str:
+    """The run id of the request's path, checked; an id no run can have is a 404."""
     run_id: str = request.path_params["run_id"]
     try:
         return check.identifier("run_id", run_id)
@@ -43,7 +43,8 @@ def _run_id(request: Request) -> str:
         raise NotFound(_no_run(run_id)) from None
 
 
-def _found(run: AgentRun | None, run_id: str) -> AgentRun:
+def found_run(run: AgentRun | None, run_id: str) -> AgentRun:
+    """`run`, or a 404 naming `run_id` when there is none."""
     if run is None:
         raise NotFound(_no_run(run_id))
     return run
@@ -64,10 +65,10 @@ def worker_identity(owner_token: str | None) -> str | None:
 def run_page(request: Request) -> Response:
     only(request.query_params, ())
     config = settings(request)
-    run_id = _run_id(request)
+    run_id = path_run_id(request)
     with data.reading(config.pool, config.statement_timeout_seconds) as reader:
         now = reader.now()
-        run = _found(reader.repo.get_run(run_id), run_id)
+        run = found_run(reader.repo.get_run(run_id), run_id)
         attempts = reader.repo.list_run_attempts(run_id)
         requeues = reader.repo.list_run_requeues(run_id)
         parent = reader.repo.get_run(run.created_by_run_id) if run.created_by_run_id else None
@@ -117,10 +118,10 @@ def tree_page(request: Request) -> Response:
     if start not in ("", "root", "here"):
         raise BadParameter("start", "start must be root (the default) or here")
     config = settings(request)
-    run_id = _run_id(request)
+    run_id = path_run_id(request)
     with data.reading(config.pool, config.statement_timeout_seconds) as reader:
         now = reader.now()
-        run = _found(reader.repo.get_run(run_id), run_id)
+        run = found_run(reader.repo.get_run(run_id), run_id)
         tree = data.tree(reader, run_id, data.TREE_PAGE, from_run=start == "here")
     return page(
         config.env,
@@ -131,7 +132,7 @@ def tree_page(request: Request) -> Response:
             "now": now,
             "run": run,
             "tree": tree,
-            "live_page": not all(node["status"] in TERMINAL for node in tree.nodes),
+            "live_page": not all(node["status"] in data.FINAL_STATUSES for node in tree.nodes),
             "final_page": True,
             "from_run": start == "here",
             "limit": data.TREE_PAGE,
@@ -149,9 +150,9 @@ def document(request: Request) -> Response:
     if kind not in DOCUMENTS:
         choices = ", ".join(DOCUMENTS)
         raise NotFound(Shown(f"no document {shown(kind, 50)}; try one of {choices}"))
-    run_id = _run_id(request)
+    run_id = path_run_id(request)
     with data.reading(config.pool, config.statement_timeout_seconds) as reader:
-        run = _found(reader.repo.get_run(run_id), run_id)
+        run = found_run(reader.repo.get_run(run_id), run_id)
     value: Any
     if kind == "payload":
         value = run.input_payload

@@ -3,17 +3,15 @@ its id or an id prefix."""
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import json
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from agent_runs import validation as check
-from agent_runs.cursors import decode_cursor
+from agent_runs.cursors import decode_cursor, keyset_cursor
 from agent_runs.dashboard import data
 from agent_runs.dashboard.common import NotFound, guarded, settings
 from agent_runs.dashboard.guard import dashboard_root
@@ -31,25 +29,26 @@ from agent_runs.errors import InvalidArgument
 from agent_runs.models import RunStatus
 from agent_runs.repository.operator_queries import runs_cursor
 
-LIVE_STATUSES: Final = ("pending", "running", "cancel_requested")
-FINAL_STATUSES: Final = ("completed", "failed", "interrupted", "cancelled")
 # Runs listed when an id prefix matches more than one.
 FOUND_SHOWN: Final = 20
 
 
 def _finished_cursor(row: dict[str, Any], key: str = "finished_at") -> str:
-    """The keyset cursor after `row` in the runs-by-finish order (same encoding as runs')."""
-    raw = json.dumps([row[key].astimezone(UTC).isoformat(), row["id"]])
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    """The keyset cursor after `row` in the runs-by-finish order."""
+    return keyset_cursor(row[key], row["id"])
+
+
+def _before(query: RunsQuery) -> tuple[datetime, str] | None:
+    try:
+        return decode_cursor(query.before) if query.before else None
+    except InvalidArgument as exc:
+        raise BadParameter("before", str(exc)) from None
 
 
 def _page_by_finish(
     reader: data.Reader, query: RunsQuery, now: Any
 ) -> tuple[list[Any], str | None]:
-    try:
-        before = decode_cursor(query.before) if query.before else None
-    except InvalidArgument as exc:
-        raise BadParameter("before", str(exc)) from None
+    before = _before(query)
     filters = query.filters()
     rows = data.finished_runs(
         reader,
@@ -71,10 +70,7 @@ def _page_by_finish(
 def _page_by_attempt(
     reader: data.Reader, query: RunsQuery, now: Any
 ) -> tuple[list[Any], str | None]:
-    try:
-        before = decode_cursor(query.before) if query.before else None
-    except InvalidArgument as exc:
-        raise BadParameter("before", str(exc)) from None
+    before = _before(query)
     rows = data.runs_by_attempt(
         reader,
         window_start=now - query.finished_window(),
@@ -102,7 +98,7 @@ def _tabs(query: RunsQuery, live: data.Live, day: data.Agents) -> list[dict[str,
             and not (query.by_finish or query.by_attempt or query.scheduled),
         }
     ]
-    for status in LIVE_STATUSES:
+    for status in data.LIVE_STATUSES:
         tabs.append(
             {
                 "label": status,
@@ -122,7 +118,7 @@ def _tabs(query: RunsQuery, live: data.Live, day: data.Agents) -> list[dict[str,
                     "current": query.scheduled,
                 }
             )
-    for status in FINAL_STATUSES:
+    for status in data.FINAL_STATUSES:
         tabs.append(
             {
                 "label": status,

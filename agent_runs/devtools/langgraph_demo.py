@@ -22,10 +22,9 @@ from typing import Annotated, Any, TypedDict
 from langgraph.graph import END, START, StateGraph
 
 from agent_runs.db import connect
-from agent_runs.devtools.worker_demo import _Children, _sigterm_as_interrupt
+from agent_runs.devtools.worker_demo import Children, demo_database, sigterm_as_interrupt
 from agent_runs.explain import explain_run
 from agent_runs.langgraph import LangGraphAgent, run_context, setup
-from agent_runs.migrate import apply_migrations
 from agent_runs.report import render_history
 from agent_runs.repository import AgentRunRepository
 
@@ -83,13 +82,8 @@ def run_langgraph_demo(
         print(f"[{time.monotonic() - started:5.1f}s] {message}", flush=True)
 
     with ExitStack() as stack:
-        stack.enter_context(_sigterm_as_interrupt())
-        if dsn is None:
-            from agent_runs.devtools.embedded import embedded_postgres
-
-            say("starting an embedded PostgreSQL in a temporary directory")
-            dsn = stack.enter_context(embedded_postgres(prefix="agent_runs-lgdemo-")).url
-        say("migrating: " + (", ".join(apply_migrations(dsn)) or "already up to date"))
+        stack.enter_context(sigterm_as_interrupt())
+        dsn = demo_database(stack, dsn, say, prefix="agent_runs-lgdemo-")
         setup(dsn)
         conn = stack.enter_context(connect(dsn))
         conn.execute(TABLE_DDL)
@@ -105,7 +99,7 @@ def run_langgraph_demo(
             input_payload={"topic": "durable agents"},
         )
         say(f"enqueued run {run.id}: {' -> '.join(STEPS)}; attempt 1 dies at {CRASH_AT}")
-        children = _Children(dsn=dsn, stream=sys.stderr)
+        children = Children(dsn=dsn, stream=sys.stderr)
         stack.callback(children.stop_all, lease_seconds + 3.0)
         children.start("reconciler", ["reconcile", "--every", f"{lease_seconds / 2:g}"])
         worker_args = [

@@ -55,7 +55,7 @@ class _Child:
 
 
 @dataclass
-class _Children:
+class Children:
     """The worker and reconciler processes the demo started; all stopped on exit."""
 
     dsn: str
@@ -101,14 +101,8 @@ def run_demo(
         print(f"[{time.monotonic() - started:5.1f}s] {message}", flush=True)
 
     with ExitStack() as stack:
-        stack.enter_context(_sigterm_as_interrupt())
-        if dsn is None:
-            from agent_runs.devtools.embedded import embedded_postgres
-
-            say("starting an embedded PostgreSQL in a temporary directory")
-            with _signals_held():
-                dsn = stack.enter_context(embedded_postgres(prefix="agent_runs-demo-")).url
-        say("migrating: " + (", ".join(apply_migrations(dsn)) or "already up to date"))
+        stack.enter_context(sigterm_as_interrupt())
+        dsn = demo_database(stack, dsn, say, prefix="agent_runs-demo-")
         conn = stack.enter_context(connect(dsn))
         repo = AgentRunRepository(conn)
 
@@ -125,7 +119,7 @@ def run_demo(
             runs[run.id] = scenario
         say(f"enqueued {len(runs)} runs (agent slug {slug}, lease {lease_seconds:g}s)")
 
-        children = _Children(
+        children = Children(
             dsn=dsn,
             stream=sys.stderr if show_worker_logs else subprocess.DEVNULL,
         )
@@ -233,8 +227,23 @@ def _describe(run: AgentRun, attempts: int) -> str:
     return f"{run.status} after {attempts} attempt(s)"
 
 
+def demo_database(
+    stack: ExitStack, dsn: str | None, say: Callable[[str], None], prefix: str
+) -> str:
+    """`dsn`, or an embedded PostgreSQL in a temporary directory (`prefix`) that `stack` stops;
+    migrated either way."""
+    if dsn is None:
+        from agent_runs.devtools.embedded import embedded_postgres
+
+        say("starting an embedded PostgreSQL in a temporary directory")
+        with _signals_held():
+            dsn = stack.enter_context(embedded_postgres(prefix=prefix)).url
+    say("migrating: " + (", ".join(apply_migrations(dsn)) or "already up to date"))
+    return dsn
+
+
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
+def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM unwinds like Ctrl-C, so the children and the server are always stopped."""
 
     def interrupt(signum: int, frame: FrameType | None) -> None:

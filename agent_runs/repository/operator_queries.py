@@ -1,7 +1,8 @@
 """The operator's queries: list runs, cancel a run tree, statistics, retention.
 
-Plans (agent_runs.steps) that both repository faces drive, with their argument checks kept
-beside them; their typed values are in agent_runs.operator_values.
+Plans (agent_runs.steps) that both repository faces drive; their arguments are checked by
+agent_runs.validation (the filters in validation.filters), their typed values are in
+agent_runs.operator_values.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 from agent_runs import validation as check
 from agent_runs.cursors import decode_cursor, runs_cursor
-from agent_runs.durations import MAX_DURATION
 from agent_runs.errors import InvalidArgument
 from agent_runs.models import AgentRun, RunStatus
 from agent_runs.operator_values import (
@@ -59,49 +59,6 @@ DEFAULT_STUCK_AFTER: Final = timedelta(minutes=15)
 # How many error types and worker identities run_stats reports, the most frequent first.
 STATS_TOP: Final = 20
 _LIVE: Final = frozenset({RunStatus.PENDING, RunStatus.RUNNING})
-
-
-def _span(name: str, value: object, *, allow_zero: bool = False) -> float:
-    """A timedelta as seconds: > 0 (or >= 0) and at most 100 years."""
-    if not isinstance(value, timedelta):
-        raise InvalidArgument(f"{name} must be a timedelta, got {type(value).__name__}")
-    if value < timedelta(0) or (value == timedelta(0) and not allow_zero) or value > MAX_DURATION:
-        low = ">= 0" if allow_zero else "> 0"
-        raise InvalidArgument(f"{name} must be {low} and at most {MAX_DURATION.days} days")
-    return value.total_seconds()
-
-
-def _since(value: object) -> tuple[datetime | None, float | None]:
-    """since: an aware datetime (since_at) or a timedelta back from now (since_seconds)."""
-    if value is None:
-        return None, None
-    if isinstance(value, datetime):
-        return check.instant("since", value), None
-    if isinstance(value, timedelta):
-        return None, _span("since", value, allow_zero=True)
-    raise InvalidArgument(f"since must be an aware datetime or a timedelta, not {value!r}")
-
-
-def _statuses(value: object) -> list[str] | None:
-    if value is None:
-        return None
-    if isinstance(value, str) or not isinstance(value, Iterable):
-        raise InvalidArgument("statuses must be a collection of run statuses or None")
-    found: list[str] = []
-    for item in value:
-        try:
-            found.append(RunStatus(item).value)
-        except ValueError:
-            raise InvalidArgument(f"statuses: {item!r} is not a run status") from None
-    if not found:
-        raise InvalidArgument("statuses must not be empty (use None for every status)")
-    return found
-
-
-def _bool(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidArgument(f"{name} must be True or False, got {value!r}")
-    return value
 
 
 def _counts(rows: list[Row]) -> dict[str, int]:
@@ -191,7 +148,7 @@ class OperatorQueries:
         """Runs by final status, attempts by outcome, top error types, per worker identity,
         attempt durations (all over the window since `since`, None: all history) and the
         queue now."""
-        since_at, since_seconds = _since(since)
+        since_at, since_seconds = check.since(since)
         params: dict[str, Any] = {
             "since_at": since_at,
             "since_seconds": since_seconds,
@@ -262,20 +219,20 @@ def _cancel_tree(
 
 
 def _list_rows(*, documents: bool = True, **filters: Unpack[RunFilters]) -> Plan[list[Row]]:
-    since_at, since_seconds = _since(filters.get("since"))
+    since_at, since_seconds = check.since(filters.get("since"))
     before = filters.get("before")
     before_created_at, before_id = (None, None) if before is None else decode_cursor(before)
     worker = filters.get("worker")
     params = {
-        "statuses": _statuses(filters.get("statuses")),
+        "statuses": check.statuses(filters.get("statuses")),
         "agent_slug": check.optional_identifier("agent_slug", filters.get("agent_slug")),
         "thread_id": check.optional_identifier("thread_id", filters.get("thread_id")),
         "uid": check.optional_identifier("uid", filters.get("uid")),
         "worker": None if worker is None else check.worker_id(worker, "worker"),
         "since_at": since_at,
         "since_seconds": since_seconds,
-        "stuck": _bool("stuck", filters.get("stuck", False)),
-        "stuck_after_seconds": _span(
+        "stuck": check.flag("stuck", filters.get("stuck", False)),
+        "stuck_after_seconds": check.span(
             "stuck_after", filters.get("stuck_after", DEFAULT_STUCK_AFTER), allow_zero=True
         ),
         "limit": check.integer("limit", filters.get("limit", 50), 1, MAX_LIST_LIMIT),
@@ -338,10 +295,10 @@ def _prune_params(
     older_than: timedelta, batch_size: int, now: datetime | None, *, dry_run: bool
 ) -> dict[str, Any]:
     return {
-        "older_than_seconds": _span("older_than", older_than, allow_zero=True),
+        "older_than_seconds": check.span("older_than", older_than, allow_zero=True),
         "batch_size": check.integer("batch_size", batch_size, 1, MAX_BATCH_SIZE),
         "now": check.now(now),
-        "dry_run": _bool("dry_run", dry_run),
+        "dry_run": check.flag("dry_run", dry_run),
         "cutoff": None,
         "after_finished_at": None,
         "after_id": None,

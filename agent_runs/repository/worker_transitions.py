@@ -116,7 +116,7 @@ class WorkerTransitions:
         self, finishes: Sequence[Finish], *, now: datetime | None = None
     ) -> Plan[dict[str, datetime]]:
         """set_terminal_status for many runs of their owners, in one statement (each run under
-        its own lock and rule). The short answer: run_id -> finished_at of each run finished; a
+        its own lock and rule). It answers only run_id -> finished_at of each run finished; a
         refused or missing run is absent (ask set_terminal_status or get_run why)."""
         run_ids, worker_ids, statuses, error_types, error_messages, outputs = check.finishes(
             finishes

@@ -68,7 +68,6 @@ EXHAUSTED_ERROR_TYPES: Final = frozenset(
 OUTCOMES: Final = frozenset(
     {"completed", "failed", "cancelled", "interrupted", "retry_released", "lease_expired"}
 )
-LIVE_STATUSES: Final = ("pending", "running", "cancel_requested")
 
 # Seconds: agent attempts run from milliseconds to an hour, pickups from milliseconds to hours.
 _SECONDS_BUCKETS: Final = (
@@ -78,7 +77,6 @@ _SECONDS_BUCKETS: Final = (
 
 _CACHED_SLUGS: Final = 10_000
 
-Attributes = Mapping[str, str]
 QueueRead = Callable[[], list[tuple[str, str, int, float | None]]]
 
 
@@ -106,7 +104,8 @@ class Slugs:
 
 
 class Instruments:
-    """The meter `agent_runs` and its instruments (SPEC section 12), with cached attribute sets."""
+    """The meter `agent_runs` and its instruments (docs/telemetry.md lists them), with cached
+    attribute sets."""
 
     def __init__(self, meter: metrics.Meter, *, max_agent_slugs: int) -> None:
         self.slugs = Slugs(max_agent_slugs)

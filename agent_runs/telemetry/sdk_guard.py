@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final, ParamSpec
 
+from agent_runs.display import one_line
 from agent_runs.logs import logger
 
 log = logger("agent_runs.telemetry")
@@ -50,19 +51,11 @@ def complain(where: str, exc: BaseException) -> None:
     level = logging.WARNING if first else logging.DEBUG
     log.log(
         level,
-        "telemetry: %s failed in the OpenTelemetry SDK (%s: %s); ignored, the run's facts are "
+        "telemetry: %s failed in the OpenTelemetry SDK (%s); ignored, the run's facts are "
         "written (logged once per kind)",
         where,
-        type(exc).__name__,
-        _text(exc),
+        one_line(exc, with_type=True),
     )
-
-
-def _text(exc: BaseException) -> str:
-    try:
-        return " ".join(str(exc).split())
-    except Exception:  # an exception that cannot print itself
-        return "?"
 
 
 def guarded(hook: Callable[_P, None]) -> Callable[_P, None]:

@@ -26,14 +26,9 @@ one entry point is `Channel.execute`, and it waits on the socket itself.
 from __future__ import annotations
 
 from agent_runs.transport.connection import pooled
-from agent_runs.transport.pipeline import _BEGIN as _BEGIN
-from agent_runs.transport.pipeline import _COMMIT as _COMMIT
 from agent_runs.transport.pipeline import PIPELINE_SUPPORTED, Channel
 from agent_runs.transport.results import Row, Shape, rows_of, shape, shape_of
-from agent_runs.transport.statements import Statement, statement, statement_name
-
-# The transport's own tests read this internal through the package.
-_statement_name = statement_name
+from agent_runs.transport.statements import Statement, statement
 
 __all__ = [
     "PIPELINE_SUPPORTED",

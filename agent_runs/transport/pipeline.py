@@ -77,8 +77,8 @@ def _named(sql: bytes) -> _Prepared:
 
 # The transaction's own statements, prepared once per session like the transitions, so that
 # BEGIN and COMMIT cost the server no parsing either.
-_BEGIN: Final = _named(b"BEGIN")
-_COMMIT: Final = _named(b"COMMIT")
+BEGIN: Final = _named(b"BEGIN")
+COMMIT: Final = _named(b"COMMIT")
 
 
 @cache
@@ -175,16 +175,16 @@ class Channel:
             try:
                 if named:
                     prepared = session.prepared
-                    unprepared = [s for s in (_BEGIN, main, _COMMIT) if s.name not in prepared]
+                    unprepared = [s for s in (BEGIN, main, COMMIT) if s.name not in prepared]
                     for missing in unprepared:
                         pgconn.send_prepare(missing.name, missing.sql)
-                    pgconn.send_query_prepared(_BEGIN.name, None)
+                    pgconn.send_query_prepared(BEGIN.name, None)
                     pgconn.send_query_prepared(main.name, values, result_format=_BINARY)
-                    pgconn.send_query_prepared(_COMMIT.name, None)
+                    pgconn.send_query_prepared(COMMIT.name, None)
                 else:  # unnamed statements: parsed each time, in the same single round trip
-                    pgconn.send_query_params(_BEGIN.sql, None)
+                    pgconn.send_query_params(BEGIN.sql, None)
                     pgconn.send_query_params(main.sql, values, result_format=_BINARY)
-                    pgconn.send_query_params(_COMMIT.sql, None)
+                    pgconn.send_query_params(COMMIT.sql, None)
                 pgconn.pipeline_sync()
                 synced = True
                 results = exchange(pgconn)

@@ -1,7 +1,8 @@
 """Input checks that run before any SQL: a bad argument is refused by name, nothing is written.
 
 One small function per argument kind, in a module per kind of value (limits, text, numbers,
-times, documents, batches, settings); callers use `from agent_runs import validation as check`.
+times, documents, batches, settings, schedule, filters); callers use
+`from agent_runs import validation as check`.
 
 Limits (the schema enforces the same time window, see migrations/0003_timestamp_bounds.sql):
 
@@ -41,6 +42,12 @@ from agent_runs.validation.documents import (
     json_object,
     json_value,
     output_text,
+)
+from agent_runs.validation.filters import (
+    flag,
+    since,
+    span,
+    statuses,
 )
 from agent_runs.validation.limits import (
     INVALID_ERROR_TYPE,
@@ -90,6 +97,7 @@ from agent_runs.validation.schedule import (
 from agent_runs.validation.settings import (
     COMPLETIONS,
     completion,
+    dashboard_token,
     heartbeat_seconds,
     max_tries,
     optional_dsn,
@@ -151,12 +159,14 @@ __all__ = [
     "checkpoint_id",
     "completion",
     "concurrency_key",
+    "dashboard_token",
     "deadline_seconds",
     "error_message",
     "error_type",
     "every_seconds",
     "fingerprint",
     "finishes",
+    "flag",
     "heartbeat_seconds",
     "identifier",
     "instant",
@@ -184,6 +194,9 @@ __all__ = [
     "reason",
     "retry_after_seconds",
     "run_type",
+    "since",
+    "span",
+    "statuses",
     "terminal_status",
     "timeout_seconds",
     "worker_id",

@@ -10,7 +10,7 @@ from typing import Any
 
 from agent_runs.errors import InvalidArgument
 from agent_runs.validation.limits import MAX_JSON_DEPTH, MAX_JSON_INT, MAX_OUTPUT_BYTES
-from agent_runs.validation.text import _encodable, _plain, _shown
+from agent_runs.validation.text import encodable, plain_str, shown
 
 
 def _scalar(name: str, value: object, as_stored: bool) -> object:
@@ -20,9 +20,9 @@ def _scalar(name: str, value: object, as_stored: bool) -> object:
     if isinstance(value, str):
         if "\x00" in value:
             raise InvalidArgument(f"{name} must be strict JSON: a string holds NUL (\\u0000)")
-        if not _encodable(value):
+        if not encodable(value):
             raise InvalidArgument(f"{name} must be strict JSON: a string holds a lone surrogate")
-        return _plain(value)
+        return plain_str(value)
     if isinstance(value, int):
         if not -MAX_JSON_INT < value < MAX_JSON_INT:
             raise InvalidArgument(f"{name} must be strict JSON: an int has 4,000 digits or more")
@@ -73,9 +73,9 @@ def json_document(
             if is_object:
                 if not isinstance(key, str):
                     raise InvalidArgument(
-                        f"{name} must be strict JSON: key {_shown(key, 60)} is not a string"
+                        f"{name} must be strict JSON: key {shown(key, 60)} is not a string"
                     )
-                if "\x00" in key or not _encodable(key):
+                if "\x00" in key or not encodable(key):
                     raise InvalidArgument(
                         f"{name} must be strict JSON: a key holds NUL or a lone surrogate"
                     )
@@ -90,7 +90,7 @@ def json_document(
             else:
                 child_copy = _scalar(name, child, as_stored)
             if is_object:
-                copy[_plain(key)] = child_copy
+                copy[plain_str(key)] = child_copy
             else:
                 copy.append(child_copy)
     return root

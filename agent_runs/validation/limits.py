@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Final
 
@@ -41,8 +40,4 @@ TIME_MAX: Final = datetime(9000, 1, 1, tzinfo=UTC)
 INVALID_ERROR_TYPE: Final = "invalid_error_type"
 # An invalid error_type is kept in the message as the first this-many characters of its repr.
 MAX_BAD_ERROR_TYPE_SHOWN: Final = 100
-# The marker `error_message` appends to a message it cut (N > 0 characters cut).
-_CUT_MARKER: Final = re.compile(r" … \[truncated [1-9][0-9]* characters\]")
 RUN_TYPES: Final = frozenset({"chat", "resume", "subagent"})
-_HEX = frozenset("0123456789abcdef")
-_REPLACEMENT: Final = "\ufffd"

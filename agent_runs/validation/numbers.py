@@ -11,10 +11,10 @@ from agent_runs.validation.limits import (
     MAX_RUNNING_LIMIT,
     MAX_TIMEOUT_SECONDS,
 )
-from agent_runs.validation.text import _shown
+from agent_runs.validation.text import shown
 
 
-def _seconds(
+def finite_number(
     name: str, value: object, low: float, high: float, *, low_allowed: bool = False
 ) -> float:
     """A finite number with low < value <= high (low <= value with `low_allowed`), as a float
@@ -27,32 +27,30 @@ def _seconds(
         seconds = math.inf
     above_low = low <= seconds if low_allowed else low < seconds
     if not math.isfinite(seconds) or not above_low or not seconds <= high:
-        shown = f"{type(value).__name__} out of range" if seconds == math.inf else repr(seconds)
+        got = f"{type(value).__name__} out of range" if seconds == math.inf else repr(seconds)
         sign = ">=" if low_allowed else ">"
-        raise InvalidArgument(f"{name} must be finite, {sign} {low:g} and <= {high:g}, got {shown}")
+        raise InvalidArgument(f"{name} must be finite, {sign} {low:g} and <= {high:g}, got {got}")
     return seconds
 
 
 def timeout_seconds(value: object, name: str = "timeout_seconds") -> float:
     """How long a call may wait: a finite number, 0 <= x <= MAX_TIMEOUT_SECONDS."""
-    return _seconds(name, value, 0, MAX_TIMEOUT_SECONDS, low_allowed=True)
+    return finite_number(name, value, 0, MAX_TIMEOUT_SECONDS, low_allowed=True)
 
 
 def every_seconds(value: object, name: str = "--every") -> float:
     """A repeating command's period: a finite number, 0 < x <= 86400."""
-    return _seconds(name, value, 0, MAX_LEASE_SECONDS)
+    return finite_number(name, value, 0, MAX_LEASE_SECONDS)
 
 
 def lease_seconds(value: object) -> float:
-    return _seconds("lease_seconds", value, 0, MAX_LEASE_SECONDS)
+    return finite_number("lease_seconds", value, 0, MAX_LEASE_SECONDS)
 
 
 def integer(name: str, value: object, low: int, high: int) -> int:
     """An int (not a bool) with low <= value <= high."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidArgument(
-            f"{name} must be an integer from {low} to {high}, got {_shown(value)}"
-        )
+        raise InvalidArgument(f"{name} must be an integer from {low} to {high}, got {shown(value)}")
     return int(value)
 
 

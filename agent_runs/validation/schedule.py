@@ -8,8 +8,8 @@ from typing import Final
 
 from agent_runs.errors import InvalidArgument
 from agent_runs.validation.limits import MAX_TRIES, TIME_MAX
-from agent_runs.validation.numbers import _seconds, integer
-from agent_runs.validation.text import _text, identifier
+from agent_runs.validation.numbers import finite_number, integer
+from agent_runs.validation.text import bounded_text, identifier
 from agent_runs.validation.times import instant
 
 MAX_PRIORITY: Final = 9
@@ -45,7 +45,7 @@ def retry_after_seconds(value: object, at: datetime | None = None) -> float | No
     given `now` (`at`), now + delay must lie inside the window."""
     if value is None:
         return None
-    seconds = _seconds("retry_after_seconds", value, 0, MAX_DELAY_SECONDS, low_allowed=True)
+    seconds = finite_number("retry_after_seconds", value, 0, MAX_DELAY_SECONDS, low_allowed=True)
     if at is not None and at + timedelta(seconds=seconds) >= TIME_MAX:
         raise InvalidArgument(f"now + retry_after_seconds must be before {TIME_MAX} UTC")
     return seconds
@@ -53,7 +53,7 @@ def retry_after_seconds(value: object, at: datetime | None = None) -> float | No
 
 def reason(value: object) -> str | None:
     """An operator's reason for a requeue: None, or 1-1000 characters of text without NUL."""
-    return None if value is None else _text("reason", value, MAX_REASON_LENGTH)
+    return None if value is None else bounded_text("reason", value, MAX_REASON_LENGTH)
 
 
 def policy_slug(value: object) -> str:
@@ -72,13 +72,15 @@ def max_lost_leases(value: object) -> int:
 
 
 def backoff_seconds(value: object, name: str = "backoff_seconds") -> float:
-    return _seconds(name, value, 0, MAX_DELAY_SECONDS, low_allowed=True)
+    return finite_number(name, value, 0, MAX_DELAY_SECONDS, low_allowed=True)
 
 
 def backoff_jitter(value: object) -> float:
-    return _seconds("backoff_jitter", value, 0, 1, low_allowed=True)
+    return finite_number("backoff_jitter", value, 0, 1, low_allowed=True)
 
 
 def deadline_seconds(value: object) -> float | None:
     """None (no deadline), or a finite number 0 < x <= ten years."""
-    return None if value is None else _seconds("deadline_seconds", value, 0, MAX_DEADLINE_SECONDS)
+    return (
+        None if value is None else finite_number("deadline_seconds", value, 0, MAX_DEADLINE_SECONDS)
+    )

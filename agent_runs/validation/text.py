@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from typing import Final
+
 from agent_runs.errors import InvalidArgument
 from agent_runs.models import TERMINAL_STATUSES, RunStatus
 from agent_runs.validation.limits import (
-    _CUT_MARKER,
-    _HEX,
-    _REPLACEMENT,
     INVALID_ERROR_TYPE,
     MAX_BAD_ERROR_TYPE_SHOWN,
     MAX_CHECKPOINT_ID_LENGTH,
@@ -19,13 +19,18 @@ from agent_runs.validation.limits import (
     RUN_TYPES,
 )
 
+# The marker `error_message` appends to a message it cut (N > 0 characters cut).
+_CUT_MARKER: Final = re.compile(r" … \[truncated [1-9][0-9]* characters\]")
+_HEX: Final = frozenset("0123456789abcdef")
+_REPLACEMENT: Final = "\ufffd"
 
-def _plain(value: str) -> str:
+
+def plain_str(value: str) -> str:
     """A str subclass (an enum member, say) as the plain str it holds."""
     return value if type(value) is str else str.__str__(value)
 
 
-def _encodable(value: str) -> bool:
+def encodable(value: str) -> bool:
     """False when the text holds a surrogate code point (not valid Unicode, not storable)."""
     if value.isascii():
         return True
@@ -36,7 +41,8 @@ def _encodable(value: str) -> bool:
     return True
 
 
-def _text(name: str, value: object, max_length: int) -> str:
+def bounded_text(name: str, value: object, max_length: int) -> str:
+    """A str of 1 to `max_length` characters, without NUL or lone surrogates, as a plain str."""
     if not isinstance(value, str):
         raise InvalidArgument(f"{name} must be a string, got {type(value).__name__}")
     if not value:
@@ -45,14 +51,14 @@ def _text(name: str, value: object, max_length: int) -> str:
         raise InvalidArgument(f"{name} must be at most {max_length} characters, got {len(value)}")
     if "\x00" in value:
         raise InvalidArgument(f"{name} must not contain NUL characters")
-    if not _encodable(value):
+    if not encodable(value):
         raise InvalidArgument(f"{name} must be valid Unicode (it holds a lone surrogate)")
-    return _plain(value)
+    return plain_str(value)
 
 
 def identifier(name: str, value: object) -> str:
     """run_id, request_id, thread_id, uid, agent_slug, created_by_run_id: 1-64 chars, no NUL."""
-    return _text(name, value, MAX_ID_LENGTH)
+    return bounded_text(name, value, MAX_ID_LENGTH)
 
 
 def optional_identifier(name: str, value: object) -> str | None:
@@ -60,12 +66,12 @@ def optional_identifier(name: str, value: object) -> str | None:
 
 
 def worker_id(value: object, name: str = "worker_id") -> str:
-    return _text(name, value, MAX_WORKER_ID_LENGTH)
+    return bounded_text(name, value, MAX_WORKER_ID_LENGTH)
 
 
 def concurrency_key(value: object, name: str = "concurrency_key") -> str:
     """A concurrency key (a user, agent or provider a limit applies to): 1-128 chars, no NUL."""
-    return _text(name, value, MAX_CONCURRENCY_KEY_LENGTH)
+    return bounded_text(name, value, MAX_CONCURRENCY_KEY_LENGTH)
 
 
 def optional_concurrency_key(value: object, name: str = "concurrency_key") -> str | None:
@@ -80,7 +86,7 @@ def terminal_status(value: object) -> RunStatus:
     try:
         status = RunStatus(value) if isinstance(value, str) else RunStatus(repr(value))
     except ValueError:
-        raise InvalidArgument(f"status must be a run status, got {_shown(value)}") from None
+        raise InvalidArgument(f"status must be a run status, got {shown(value)}") from None
     if status not in TERMINAL_STATUSES:
         terminal = ", ".join(sorted(TERMINAL_STATUSES))
         raise InvalidArgument(f"status must be terminal ({terminal}), got {status.value!r}")
@@ -90,13 +96,13 @@ def terminal_status(value: object) -> RunStatus:
 def error_type(value: object) -> str | None:
     if value is None:
         return None
-    return _text("error_type", value, MAX_ERROR_TYPE_LENGTH)
+    return bounded_text("error_type", value, MAX_ERROR_TYPE_LENGTH)
 
 
 def _storable(text: str) -> str:
     """Text PostgreSQL can store: surrogate pairs joined, lone surrogates and NUL -> U+FFFD."""
-    text = _plain(text)
-    if not _encodable(text):
+    text = plain_str(text)
+    if not encodable(text):
         text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
     return text.replace("\x00", _REPLACEMENT)
 
@@ -114,7 +120,7 @@ def _str_of(value: object) -> str:
     return f"<unprintable {type(value).__name__}>"  # pragma: no cover - str() returns a str
 
 
-def _shown(value: object, limit: int = 200) -> str:
+def shown(value: object, limit: int = 200) -> str:
     """repr(value) for a message, made storable and short; never raises."""
     try:
         text = repr(value)
@@ -156,7 +162,7 @@ def agent_error(error_type_: object, error_message_: object) -> tuple[str | None
     except InvalidArgument as exc:
         reason = str(exc)
     # The bad type is told by a short prefix: the agent's own message must follow it whole.
-    head = f"error_type {_shown(error_type_, MAX_BAD_ERROR_TYPE_SHOWN)} was not storable ({reason})"
+    head = f"error_type {shown(error_type_, MAX_BAD_ERROR_TYPE_SHOWN)} was not storable ({reason})"
     if error_message_ is None:
         return INVALID_ERROR_TYPE, error_message(head)
     return INVALID_ERROR_TYPE, error_message(f"{head}: {_str_of(error_message_)}")
@@ -165,15 +171,15 @@ def agent_error(error_type_: object, error_message_: object) -> tuple[str | None
 def fingerprint(value: object) -> str:
     if not isinstance(value, str) or len(value) != 64 or not _HEX.issuperset(value):
         raise InvalidArgument("fingerprint must be 64 lowercase hex characters (SHA-256)")
-    return _plain(value)
+    return plain_str(value)
 
 
 def run_type(value: object) -> str:
     if not isinstance(value, str) or value not in RUN_TYPES:
-        raise InvalidArgument(f"run_type must be one of {sorted(RUN_TYPES)}, got {_shown(value)}")
-    return _plain(value)
+        raise InvalidArgument(f"run_type must be one of {sorted(RUN_TYPES)}, got {shown(value)}")
+    return plain_str(value)
 
 
 def checkpoint_id(value: object) -> str:
     """A checkpoint id (where an attempt resumed): 1-128 characters, no NUL."""
-    return _text("checkpoint_id", value, MAX_CHECKPOINT_ID_LENGTH)
+    return bounded_text("checkpoint_id", value, MAX_CHECKPOINT_ID_LENGTH)

@@ -8,7 +8,7 @@ from typing import Any
 from agent_runs.errors import InvalidArgument
 from agent_runs.validation.limits import TIME_MAX, TIME_MIN
 from agent_runs.validation.numbers import lease_seconds
-from agent_runs.validation.text import _shown
+from agent_runs.validation.text import shown
 
 
 def now(value: object, lease_seconds: float | None = None) -> datetime | None:
@@ -39,7 +39,7 @@ def instant(name: str, value: datetime) -> datetime:
     try:
         offset = value.utcoffset()
     except Exception as exc:  # a broken tzinfo: its own error, named
-        raise InvalidArgument(f"{name} has a tzinfo that fails: {_shown(exc)}") from None
+        raise InvalidArgument(f"{name} has a tzinfo that fails: {shown(exc)}") from None
     if offset is None:
         raise InvalidArgument(f"{name} must be timezone-aware (naive datetimes are ambiguous)")
     try:
