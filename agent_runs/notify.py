@@ -20,26 +20,41 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from contextlib import closing
 from typing import Any, Final, LiteralString
 
 import psycopg
 from psycopg import pq
 from psycopg.rows import tuple_row
 
-from agent_runs import validation as check
 from agent_runs import waiters
 from agent_runs.backoff import Backoff
 from agent_runs.errors import InvalidArgument
 from agent_runs.logs import logger
 from agent_runs.models import AgentRun
 from agent_runs.repository import AgentRunRepository
+from agent_runs.steps import Failed, next_step
 from agent_runs.turns import turns
+from agent_runs.waiters import (
+    FINISHED_CHANNEL,
+    FLOOD_NOTIFICATIONS,
+    FLOODED_POLL_SECONDS,
+    WAIT_POLL_SECONDS,
+)
+
+__all__ = [
+    "CLAIMABLE_CHANNEL",
+    "FINISHED_CHANNEL",
+    "FLOODED_POLL_SECONDS",
+    "FLOOD_NOTIFICATIONS",
+    "MAX_PENDING",
+    "WAIT_POLL_SECONDS",
+    "Wakeups",
+    "wait_for_run",
+]
 
 CLAIMABLE_CHANNEL: Final = "agent_runs_claimable"
-FINISHED_CHANNEL: Final = "agent_runs_finished"
 
-_LISTEN_FINISHED: Final = "LISTEN agent_runs_finished"
-_UNLISTEN_FINISHED: Final = "UNLISTEN agent_runs_finished"
 _LISTEN_CLAIMABLE: Final = "LISTEN agent_runs_claimable"
 _NOTIFY_PROBE: Final = "SELECT pg_notify(%s, %s)"
 # A listener's probe payload: longer than any agent slug, so no listener takes it for a wake-up.
@@ -47,26 +62,11 @@ _PROBE_PREFIX: Final = "agent_runs listener probe, not an agent slug: "
 _PROBE_SECONDS: Final = 2.0
 _MAX_SLUG_LENGTH: Final = 64
 
-# wait_for_run re-reads the run this often in case a notification was missed (a pooler
-# between us and the server, a listener connection that was replaced).
-WAIT_POLL_SECONDS: Final = 2.0
-# wait_for_run reads at most this many other runs' notifications in one slice; past it, the
-# connection is flooded (its reads would queue behind the notifications: a deadline could not
-# hold), so it stops listening and re-reads the run every FLOODED_POLL_SECONDS instead.
-FLOOD_NOTIFICATIONS: Final = 10_000
-FLOODED_POLL_SECONDS: Final = 0.2
 # Wakeups: pending wake-ups kept while no claimer waits (a burst never queues more).
 MAX_PENDING: Final = 10_000
 # The listener thread checks its stop flag at least this often.
 _LISTEN_SLICE_SECONDS: Final = 0.25
-# A dead peer (no FIN) is noticed by TCP keepalives: the listener only ever reads.
-_LISTENER_DEFAULTS: Final[Mapping[str, Any]] = {
-    "connect_timeout": 5,
-    "keepalives": 1,
-    "keepalives_idle": 15,
-    "keepalives_interval": 5,
-    "keepalives_count": 3,
-}
+_LISTENER_DEFAULTS: Final[Mapping[str, Any]] = {"connect_timeout": 5, **waiters.KEEPALIVES}
 
 log = logger("agent_runs.notify")
 
@@ -76,122 +76,116 @@ def wait_for_run(conn: psycopg.Connection[Any], run_id: str, *, timeout_seconds:
 
     Raises InvalidArgument for bad arguments or an unknown run, TimeoutError when the run is not
     terminal after `timeout_seconds`. `conn` must be an autocommit connection outside a
-    transaction, of any row factory; it is LISTENing on agent_runs_finished only during the
-    call (and occupied by it), and is left idle afterwards. Its statements take turns with
-    repository calls from other threads sharing `conn`, never running inside their
-    transaction().
+    transaction, of any row factory; it registers the wait, reads the run and unregisters, and
+    is left idle afterwards. Its statements take turns with repository calls from other
+    threads sharing `conn`, never running inside their transaction(). While the run is not
+    terminal the wait LISTENs on agent_runs_finished on a connection of its own, opened as
+    `conn` was and closed when the wait returns (agent_runs.waiters says why).
     """
-    run_id = check.identifier("run_id", run_id)
-    timeout = check.timeout_seconds(timeout_seconds)
-    if not conn.autocommit:
-        raise InvalidArgument("conn must be an idle autocommit connection (LISTEN needs it)")
-    deadline = time.monotonic() + timeout
-    repo = AgentRunRepository(conn)
-    # Register, then LISTEN, before the first read: a run that ends after the read is then
-    # always notified (its end notifies only registered runs), one that ended before LISTEN is
-    # terminal in the read. Registering first keeps others' notifications off this connection
-    # while it registers.
-    waiter_id = waiters.new_waiter_id()
-    turn = turns(conn)
-    if not turn.acquire(timeout=timeout):
-        raise TimeoutError(
-            f"run {run_id!r}: the connection stayed busy with other calls for {timeout:g} seconds"
+    return _SyncWait(conn).drive(
+        waiters.wait_plan(run_id, timeout_seconds, poll_seconds=WAIT_POLL_SECONDS)
+    )
+
+
+class _SyncWait:
+    """Carries out a wait's steps (agent_runs.waiters) on `conn` and a listener of its own."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.listener: psycopg.Connection[Any] | None = None
+
+    def drive(self, plan: waiters.WaitPlan) -> AgentRun:
+        answer: object = None
+        while True:
+            try:
+                step = next_step(plan, answer)
+            except StopIteration as stop:
+                run: AgentRun = stop.value
+                return run
+            try:
+                answer = self.carry_out(step)
+            except BaseException as exc:  # thrown into the plan, which cleans up and re-raises
+                answer = Failed(exc)
+
+    def carry_out(self, step: waiters.WaitStep) -> object:
+        match step:
+            case waiters.Register():
+                return self.register(step)
+            case waiters.Listen():
+                return self.listen()
+            case waiters.Read(run_id=run_id):
+                return AgentRunRepository(self.conn).get_run(run_id)
+            case waiters.Hear():
+                return self.hear(step)
+            case waiters.Sleep(until=until):
+                time.sleep(max(0.0, until - time.monotonic()))
+            case waiters.StopListening():
+                self.stop_listening()
+            case waiters.Unregister(run_id=run_id, waiter_id=waiter_id):
+                with turns(self.conn):
+                    if self.idle():
+                        waiters.unregister(self.conn, run_id, waiter_id)
+        return None
+
+    def idle(self) -> bool:
+        conn = self.conn
+        return (
+            not conn.closed
+            and not conn.broken
+            and conn.info.transaction_status == pq.TransactionStatus.IDLE
         )
-    try:
-        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
-            raise InvalidArgument("conn must be an idle autocommit connection (LISTEN needs it)")
-        registered = waiters.register(conn, run_id, waiter_id, timeout)
-        _execute(conn, _LISTEN_FINISHED)
-    finally:
-        turn.release()
-    listening = True
-    try:
-        run = repo.get_run(run_id)
-        if run is None:
-            raise InvalidArgument(f"run_id {run_id!r}: no such run")
-        while not run.is_terminal:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(
-                    f"run {run_id!r} is still {run.status} after {timeout:g} seconds"
-                )
-            heard = _QUIET
-            if not listening:
-                time.sleep(min(remaining, FLOODED_POLL_SECONDS))
-            else:
-                heard = _await_finished(
-                    conn, run_id, until=time.monotonic() + min(remaining, WAIT_POLL_SECONDS)
-                )
-            if heard == _FLOODED:
-                # Flooded: every statement on this connection would queue behind others'
-                # notifications. Stop them at their source and poll for the rest of the call.
-                with turn:
-                    _execute(conn, _UNLISTEN_FINISHED)
-                listening = False
-                _discard_received(conn, until=deadline)
-            if heard != _SEEN and time.monotonic() >= deadline:
-                # Its end was not heard by the deadline: no read queued behind others'
-                # notifications delays the answer.
-                raise TimeoutError(
-                    f"run {run_id!r} is still {run.status} after {timeout:g} seconds"
-                )
-            fresh = repo.get_run(run_id)
-            if fresh is None:
-                raise InvalidArgument(f"run_id {run_id!r}: the run was deleted while waiting")
-            run = fresh
-        return run
-    finally:
-        with turn:
-            if (
-                not conn.closed
-                and not conn.broken
-                and conn.info.transaction_status == pq.TransactionStatus.IDLE
-            ):
-                if listening:
-                    _execute(conn, _UNLISTEN_FINISHED)
-                if registered:
-                    waiters.unregister(conn, run_id, waiter_id)
+
+    def register(self, step: waiters.Register) -> bool:
+        if not self.conn.autocommit:
+            raise InvalidArgument(waiters.NOT_IDLE)
+        turn = turns(self.conn)
+        if not turn.acquire(timeout=step.timeout):
+            raise TimeoutError(
+                f"run {step.run_id!r}: the connection stayed busy with other calls for"
+                f" {step.timeout:g} seconds"
+            )
+        try:
+            if not self.idle():
+                raise InvalidArgument(waiters.NOT_IDLE)
+            return waiters.register(self.conn, step.run_id, step.waiter_id, step.timeout)
+        finally:
+            turn.release()
+
+    def listen(self) -> bool:
+        try:
+            self.listener = psycopg.connect(
+                waiters.listener_conninfo(self.conn.info), **waiters.LISTENER_OPTIONS
+            )
+            _execute(self.listener, waiters.LISTEN)
+        except psycopg.Error as exc:
+            log.debug("wait_for_run polls: its listener did not connect (%s)", type(exc).__name__)
+            self.stop_listening()
+            return False
+        return True
+
+    def hear(self, step: waiters.Hear) -> str:
+        assert self.listener is not None
+        hearing = waiters.Hearing(step)
+        try:
+            with closing(self.listener.notifies(timeout=hearing.remaining())) as received:
+                for notify in received:
+                    if verdict := hearing.verdict(notify.channel, notify.payload):
+                        return verdict
+        except psycopg.Error as exc:
+            log.debug("wait_for_run polls: its listener failed (%s)", type(exc).__name__)
+            return waiters.LOST
+        return waiters.QUIET
+
+    def stop_listening(self) -> None:
+        listener, self.listener = self.listener, None
+        if listener is not None:
+            listener.close()
 
 
 def _execute(conn: psycopg.Connection[Any], statement: LiteralString) -> None:
     """A statement without parameters, never through the connection's own row factory."""
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(statement, prepare=False)
-
-
-# What a listening slice heard: the run's end, a flood of others' notifications, or neither.
-_SEEN: Final = "seen"
-_FLOODED: Final = "flooded"
-_QUIET: Final = "quiet"
-
-
-def _await_finished(conn: psycopg.Connection[Any], run_id: str, *, until: float) -> str:
-    """Read notifications until run `run_id`'s arrives (_SEEN), other runs' notifications flood
-    in (more than FLOOD_NOTIFICATIONS: _FLOODED), or the monotonic clock reaches `until`
-    (_QUIET).
-
-    The clock is checked after every notification (psycopg's own timeout is checked only
-    between batches), so others' notifications never keep the caller past `until`.
-    """
-    remaining = until - time.monotonic()
-    if remaining <= 0:
-        return _QUIET
-    for others, notify in enumerate(conn.notifies(timeout=remaining)):
-        if notify.channel == FINISHED_CHANNEL and notify.payload == run_id:
-            return _SEEN
-        if others >= FLOOD_NOTIFICATIONS:
-            return _FLOODED
-        if time.monotonic() >= until:
-            return _QUIET
-    return _QUIET
-
-
-def _discard_received(conn: psycopg.Connection[Any], *, until: float) -> None:
-    """Drop the notifications that arrived before UNLISTEN took effect (psycopg keeps them for
-    the connection's next reader), reading until none is left or `until`."""
-    for _ in conn.notifies(timeout=0):
-        if time.monotonic() >= until:
-            return
 
 
 class Wakeups:

@@ -64,7 +64,7 @@ def test_wait_for_run_returns_when_the_run_completes(dsn: str, repo: AgentRunRep
         )
     )
     assert done.id == run.id and done.status == RunStatus.COMPLETED
-    assert channels == []  # UNLISTENed, idle and usable
+    assert channels == []  # never listened: idle and usable
 
 
 def test_wait_for_run_returns_a_finished_run_at_once_even_with_no_time_left(
@@ -188,8 +188,8 @@ def _in_thread(scenario: Callable[[], Coroutine[Any, Any, _T]], timeout: float) 
 def test_wait_for_run_s_deadline_holds_while_other_notifications_pour_in(
     dsn: str, repo: AgentRunRepository
 ) -> None:
-    """Past FLOOD_NOTIFICATIONS in one slice the waiter stops listening (UNLISTEN, while
-    psycopg's notifies() no longer holds the connection) and polls until its deadline."""
+    """Past FLOOD_NOTIFICATIONS in one slice the waiter closes its listener (never reading
+    what the server queued for it) and polls until its deadline."""
     run = new_run(repo)
 
     async def scenario() -> tuple[float, list[str]]:

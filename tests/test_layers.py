@@ -55,20 +55,8 @@ def _client_files() -> list[Path]:
     return sorted(path for name in CLIENTS for path in (ROOT / name).rglob("*.py"))
 
 
-# Owned by the worker/notify refactor: aio/notify.py imports _LISTEN_FINISHED and
-# _UNLISTEN_FINISHED from notify.py. Remove this entry once that refactor has merged.
-NOT_YET: dict[str, str] = {
-    "agent_runs/aio/notify.py": "owned by the worker/notify refactor",
-}
-
-
-def _package_files() -> list[object]:
-    return [
-        pytest.param(path, marks=pytest.mark.skip(reason=NOT_YET[name]))
-        if (name := str(path.relative_to(ROOT))) in NOT_YET
-        else path
-        for path in sorted((ROOT / "agent_runs").rglob("*.py"))
-    ]
+def _package_files() -> list[Path]:
+    return sorted((ROOT / "agent_runs").rglob("*.py"))
 
 
 @pytest.mark.parametrize("path", _client_files(), ids=lambda p: str(p.relative_to(ROOT)))

@@ -346,7 +346,7 @@ def test_wait_for_run_returns_when_the_run_completes(
     done = wait_for_run(waiter, run.id, timeout_seconds=30)
     thread.join()
     assert done.id == run.id and done.status == RunStatus.COMPLETED
-    assert _listening_channels(waiter) == []  # UNLISTENed, idle and usable
+    assert _listening_channels(waiter) == []  # never listened: idle and usable
 
 
 def test_wait_for_run_returns_when_a_never_started_run_is_cancelled(

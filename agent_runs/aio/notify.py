@@ -1,7 +1,5 @@
-"""wait_for_run for asyncio: await a run's end, woken by agent_runs_finished, with the rules of
-the synchronous one (agent_runs.notify): the poll fallback, a deadline that holds under a flood
-of other runs' notifications (the clock is read at each one; a flooded waiter stops listening
-and polls)."""
+"""wait_for_run for asyncio: the synchronous one's plan (agent_runs.waiters), awaited on an
+AsyncConnection and a listener of its own."""
 
 from __future__ import annotations
 
@@ -14,20 +12,16 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import tuple_row
 
-from agent_runs import validation as check
 from agent_runs import waiters
 from agent_runs.aio.driver import idle, turn
 from agent_runs.aio.repository import AsyncAgentRunRepository
 from agent_runs.errors import InvalidArgument
+from agent_runs.logs import logger
 from agent_runs.models import AgentRun
-from agent_runs.notify import (
-    _LISTEN_FINISHED,
-    _UNLISTEN_FINISHED,
-    FINISHED_CHANNEL,
-    FLOOD_NOTIFICATIONS,
-    FLOODED_POLL_SECONDS,
-    WAIT_POLL_SECONDS,
-)
+from agent_runs.steps import Failed, next_step
+from agent_runs.waiters import WAIT_POLL_SECONDS
+
+log = logger("agent_runs.notify")
 
 
 async def wait_for_run(
@@ -37,124 +31,118 @@ async def wait_for_run(
 
     Raises InvalidArgument for bad arguments or an unknown run, TimeoutError when the run is not
     terminal after `timeout_seconds`. `conn` must be an idle autocommit AsyncConnection, of any
-    row factory; it LISTENs on agent_runs_finished only during the call and is left idle
+    row factory; it registers the wait, reads the run and unregisters, and is left idle
     afterwards (closed if a cancellation left it in an unknown state). Its statements take
     turns with other tasks' repository calls on `conn`, never running inside their
-    transaction(). Cancel it, or wrap it in `asyncio.timeout`, freely.
+    transaction(). While the run is not terminal the wait LISTENs on agent_runs_finished on a
+    connection of its own, opened as `conn` was and closed when the wait returns. Cancel it, or
+    wrap it in `asyncio.timeout`, freely.
     """
-    run_id = check.identifier("run_id", run_id)
-    timeout = check.timeout_seconds(timeout_seconds)
-    if not conn.autocommit:
-        raise InvalidArgument("conn must be an idle autocommit connection (LISTEN needs it)")
-    waiter = _Waiter(conn, run_id, deadline=time.monotonic() + timeout)
-    # Register, then LISTEN, before the first read (as agent_runs.notify.wait_for_run): a run
-    # that ends after the read is then always notified (its end notifies only registered runs),
-    # one that ended before LISTEN is terminal in the read.
-    waiter_id = waiters.new_waiter_id()
-    registration: tuple[str, str] | None = None
-    async with turn(conn, timeout=timeout):
-        if not idle(conn):
-            raise InvalidArgument("conn must be an idle autocommit connection (LISTEN needs it)")
-        try:
-            if await _register(conn, run_id, waiter_id, timeout):
-                registration = (run_id, waiter_id)
-            await _execute(conn, _LISTEN_FINISHED)
-        except BaseException:
-            await _unlisten(conn, registration)
-            raise
-    try:
-        run = await waiter.read("no such run")
-        while not run.is_terminal:
-            if time.monotonic() >= waiter.deadline:
-                raise TimeoutError(
-                    f"run {run_id!r} is still {run.status} after {timeout:g} seconds"
-                )
-            await waiter.pause()
-            run = await waiter.read("the run was deleted while waiting")
-        return run
-    finally:
-        await _unlisten(conn, registration)
+    plan = waiters.wait_plan(run_id, timeout_seconds, poll_seconds=WAIT_POLL_SECONDS)
+    return await _AsyncWait(conn).drive(plan)
 
 
-class _Waiter:
-    """One wait_for_run call: its connection, run, deadline, and whether it still listens."""
+class _AsyncWait:
+    """Awaits a wait's steps (agent_runs.waiters) on `conn` and a listener of its own."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], run_id: str, deadline: float) -> None:
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.conn = conn
-        self.repo = AsyncAgentRunRepository(conn)
-        self.run_id = run_id
-        self.deadline = deadline
-        self.listening = True
+        self.listener: psycopg.AsyncConnection[Any] | None = None
 
-    async def read(self, missing: str) -> AgentRun:
-        run = await self.repo.get_run(self.run_id)
-        if run is None:
-            raise InvalidArgument(f"run_id {self.run_id!r}: {missing}")
-        return run
+    async def drive(self, plan: waiters.WaitPlan) -> AgentRun:
+        answer: object = None
+        while True:
+            try:
+                step = next_step(plan, answer)
+            except StopIteration as stop:
+                run: AgentRun = stop.value
+                return run
+            try:
+                answer = await self.carry_out(step)
+            except BaseException as exc:  # thrown into the plan, which cleans up and re-raises
+                answer = Failed(exc)
 
-    async def pause(self) -> None:
-        """Until the run's notification, the poll interval, or the deadline, whichever is first;
-        a flooded connection stops listening, and the waiter polls from then on."""
-        until = min(self.deadline, time.monotonic() + WAIT_POLL_SECONDS)
-        if not self.listening:
-            await asyncio.sleep(min(FLOODED_POLL_SECONDS, max(0.0, until - time.monotonic())))
+    async def carry_out(self, step: waiters.WaitStep) -> object:
+        match step:
+            case waiters.Register():
+                return await self.register(step)
+            case waiters.Listen():
+                return await self.listen()
+            case waiters.Read(run_id=run_id):
+                return await AsyncAgentRunRepository(self.conn).get_run(run_id)
+            case waiters.Hear():
+                return await self.hear(step)
+            case waiters.Sleep(until=until):
+                await asyncio.sleep(max(0.0, until - time.monotonic()))
+            case waiters.StopListening():
+                await self.stop_listening()
+            case waiters.Unregister(run_id=run_id, waiter_id=waiter_id):
+                await self.unregister(run_id, waiter_id)
+        return None
+
+    async def register(self, step: waiters.Register) -> bool:
+        conn = self.conn
+        if not conn.autocommit:
+            raise InvalidArgument(waiters.NOT_IDLE)
+        async with turn(conn, timeout=step.timeout):
+            if not idle(conn):
+                raise InvalidArgument(waiters.NOT_IDLE)
+            lock_wait, sql, params = waiters.register_statement(
+                step.run_id, step.waiter_id, step.timeout
+            )
+            try:
+                async with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+                    await cur.execute(waiters.LOCK_TIMEOUT, [lock_wait], prepare=False)
+                    await cur.execute(sql, params, prepare=False)
+                    return waiters.registered(await cur.fetchone())
+            except pg_errors.LockNotAvailable:
+                raise waiters.locked_too_long(step.run_id, step.timeout) from None
+            except BaseException:
+                if not idle(conn):  # a cancellation left it mid-transaction: never reuse it
+                    await conn.close()
+                raise
+
+    async def listen(self) -> bool:
+        try:
+            self.listener = await psycopg.AsyncConnection.connect(
+                waiters.listener_conninfo(self.conn.info), **waiters.LISTENER_OPTIONS
+            )
+            await _execute(self.listener, waiters.LISTEN)
+        except psycopg.Error as exc:
+            log.debug("wait_for_run polls: its listener did not connect (%s)", type(exc).__name__)
+            await self.stop_listening()
+            return False
+        return True
+
+    async def hear(self, step: waiters.Hear) -> str:
+        assert self.listener is not None
+        hearing = waiters.Hearing(step)
+        try:
+            async with aclosing(self.listener.notifies(timeout=hearing.remaining())) as received:
+                async for notify in received:
+                    if verdict := hearing.verdict(notify.channel, notify.payload):
+                        return verdict
+        except psycopg.Error as exc:
+            log.debug("wait_for_run polls: its listener failed (%s)", type(exc).__name__)
+            return waiters.LOST
+        return waiters.QUIET
+
+    async def stop_listening(self) -> None:
+        listener, self.listener = self.listener, None
+        if listener is not None:
+            await listener.close()
+
+    async def unregister(self, run_id: str, waiter_id: str) -> None:
+        """On a connection left idle; one a cancellation left anywhere else is closed (its
+        registration expires, see agent_runs.waiters)."""
+        conn = self.conn
+        if conn.closed:
             return
-        if await self._flooded(until):
-            # Every statement on this connection would queue behind others' notifications:
-            # stop them at their source, drop what came before UNLISTEN, and poll.
-            self.listening = False
-            async with turn(self.conn):
-                await _execute(self.conn, _UNLISTEN_FINISHED)
-            # notifies() holds the connection until it is closed: closed before any statement.
-            async with aclosing(self.conn.notifies(timeout=0)) as received:
-                async for _ in received:
-                    if time.monotonic() >= self.deadline:
-                        break
-
-    async def _flooded(self, until: float) -> bool:
-        """Read notifications until the run's, or `until`; True when others flooded in (more
-        than FLOOD_NOTIFICATIONS)."""
-        others = 0
-        async with aclosing(self.conn.notifies(timeout=max(0.0, until - time.monotonic()))) as got:
-            async for notify in got:
-                if notify.channel == FINISHED_CHANNEL and notify.payload == self.run_id:
-                    return False
-                others += 1
-                if others > FLOOD_NOTIFICATIONS:
-                    return True
-                if time.monotonic() >= until:
-                    return False
-        return False
-
-
-async def _register(
-    conn: psycopg.AsyncConnection[Any], run_id: str, waiter_id: str, timeout: float
-) -> bool:
-    """agent_runs.waiters.register on an async connection (same statement, same lock wait)."""
-    lock_wait, sql, params = waiters.register_statement(run_id, waiter_id, timeout)
-    try:
-        async with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-            await cur.execute(waiters.LOCK_TIMEOUT, [lock_wait], prepare=False)
-            await cur.execute(sql, params, prepare=False)
-            return waiters.registered(await cur.fetchone())
-    except pg_errors.LockNotAvailable:
-        raise waiters.locked_too_long(run_id, timeout) from None
-
-
-async def _unlisten(
-    conn: psycopg.AsyncConnection[Any], registration: tuple[str, str] | None
-) -> None:
-    """Unregister and UNLISTEN on a connection left idle; close one a cancellation left anywhere
-    else (a registration left behind expires, see agent_runs.waiters)."""
-    if conn.closed:
-        return
-    async with turn(conn):
-        if idle(conn) and not conn.broken:
-            if registration is not None:
-                await _execute(conn, *waiters.unregister_statement(*registration))
-            await _execute(conn, _UNLISTEN_FINISHED)
-        else:
-            await conn.close()
+        async with turn(conn):
+            if idle(conn) and not conn.broken:
+                await _execute(conn, *waiters.unregister_statement(run_id, waiter_id))
+            else:
+                await conn.close()
 
 
 async def _execute(
