@@ -10,7 +10,7 @@ the slot back to the claim source. Beside them: `lease` (a lease held, a run cla
 `heartbeat` (leases renewed in batches, cancel requests seen), `protocol` (what an agent is and
 sees; `result`: AgentResult), `outcome` (the decision, a pure function), `batching` (group
 commit: run_once's claims and ends), `reconciler`, `listening` (the wake-up listener),
-`checkout` (a connection per call), `coroutines`, `subagents`, `exception_text`.
+`checkout` (a connection per call), `coroutines`, `subagents`.
 """
 
 from __future__ import annotations

@@ -37,10 +37,10 @@ from psycopg_pool import PoolClosed
 
 from agent_runs import validation as check
 from agent_runs.backoff import Backoff
+from agent_runs.display import one_line
 from agent_runs.errors import DB_ERRORS
 from agent_runs.logs import logger
 from agent_runs.models import Finish
-from agent_runs.worker.exception_text import one_line
 from agent_runs.worker.lease import Claimed
 
 if TYPE_CHECKING:
@@ -270,7 +270,9 @@ class Claimer:
                 delay = backoff.next_delay()
                 if isinstance(exc, DB_ERRORS):
                     log.warning(
-                        "database unavailable (%s); claiming again in %.1fs", one_line(exc), delay
+                        "database unavailable (%s); claiming again in %.1fs",
+                        one_line(exc, with_type=True),
+                        delay,
                     )
                 elif isinstance(exc, Exception):  # a bug must not end the claimer: logged loudly
                     log.exception("claimer error; claiming again in %.1fs", delay)

@@ -18,12 +18,12 @@ from psycopg_pool import PoolClosed
 
 from agent_runs import validation as check
 from agent_runs.backoff import Backoff
+from agent_runs.display import one_line
 from agent_runs.errors import DB_ERRORS
 from agent_runs.logs import logger
 from agent_runs.models import AgentRun, AttemptOutcome, Finish, RunStatus
 from agent_runs.worker.batching import GroupCommit
 from agent_runs.worker.checkout import Repositories
-from agent_runs.worker.exception_text import one_line
 from agent_runs.worker.heartbeat import HeartbeatService
 from agent_runs.worker.lease import Claimed, Lease
 from agent_runs.worker.outcome import CANCELLED, RELEASE, Decision, finish_of, run_as_written
@@ -97,7 +97,7 @@ class Completer:
                     "%s: could not write %s (%s); retrying in %.1fs",
                     tag,
                     what,
-                    one_line(exc),
+                    one_line(exc, with_type=True),
                     delay,
                 )
                 time.sleep(delay)
@@ -135,7 +135,10 @@ class Completer:
             return run, False
         except DB_ERRORS as exc:
             log.warning(
-                "%s: could not write %s (%s); retrying", tag, decision.status, one_line(exc)
+                "%s: could not write %s (%s); retrying",
+                tag,
+                decision.status,
+                one_line(exc, with_type=True),
             )
             return None, True
         if finished_at is None:

@@ -32,12 +32,12 @@ from datetime import datetime
 
 import psycopg
 
+from agent_runs.display import one_line
 from agent_runs.errors import DB_ERRORS
 from agent_runs.logs import logger
 from agent_runs.models import AgentRun, Finish
 from agent_runs.worker.claimer import Claimer
 from agent_runs.worker.completer import Completer
-from agent_runs.worker.exception_text import one_line
 from agent_runs.worker.heartbeat import HeartbeatService
 from agent_runs.worker.lease import Lease
 from agent_runs.worker.outcome import Decision, finish_of
@@ -180,10 +180,18 @@ class Flusher:
                 return [None] * len(finishes), True, settled
             return finished, False, settled
         except DB_ERRORS as exc:
-            log.warning("could not write %d end(s) in a batch (%s)", len(finishes), one_line(exc))
+            log.warning(
+                "could not write %d end(s) in a batch (%s)",
+                len(finishes),
+                one_line(exc, with_type=True),
+            )
             return [None] * len(finishes), True, 0
         except psycopg.Error as exc:  # the server refused the statement: nothing was written
-            log.warning("the batch of %d end(s) was refused (%s)", len(finishes), one_line(exc))
+            log.warning(
+                "the batch of %d end(s) was refused (%s)",
+                len(finishes),
+                one_line(exc, with_type=True),
+            )
             return [None] * len(finishes), False, 0
 
     def _write_alone(

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 from psycopg_pool import ConnectionPool, PoolClosed
 
 from agent_runs.backoff import Backoff
+from agent_runs.display import one_line
 from agent_runs.errors import DB_ERRORS
 from agent_runs.logs import logger
 from agent_runs.models import RunStatus
 from agent_runs.repository import AgentRunRepository
 from agent_runs.telemetry.sdk_guard import deferred
 from agent_runs.worker.checkout import connection
-from agent_runs.worker.exception_text import one_line
 from agent_runs.worker.lease import Lease
 
 if TYPE_CHECKING:  # telemetry off never imports it
@@ -145,7 +145,11 @@ class HeartbeatService:
             return False
         except DB_ERRORS as exc:
             self.failed_rounds += 1
-            log.warning("heartbeat: could not renew %d lease(s): %s", len(batch), one_line(exc))
+            log.warning(
+                "heartbeat: could not renew %d lease(s): %s",
+                len(batch),
+                one_line(exc, with_type=True),
+            )
             return False
         self.rounds += 1
         for run_id, lease in batch.items():

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from psycopg_pool import PoolClosed
 
 from agent_runs.backoff import Backoff
+from agent_runs.display import one_line
 from agent_runs.errors import DB_ERRORS
 from agent_runs.logs import logger
 from agent_runs.worker.claimer import WAIT_SLICE_SECONDS, Claimer, Slot
-from agent_runs.worker.exception_text import one_line
 from agent_runs.worker.lease import Claimed, Lease
 
 log = logger("agent_runs.worker")
@@ -84,7 +84,11 @@ class SlotThread:
                 return  # an agent stopped the process: its fact is written, the worker stops
             except DB_ERRORS as exc:
                 delay = backoff.next_delay()
-                log.warning("database unavailable (%s); retrying in %.1fs", one_line(exc), delay)
+                log.warning(
+                    "database unavailable (%s); retrying in %.1fs",
+                    one_line(exc, with_type=True),
+                    delay,
+                )
                 stop.wait(delay)
                 continue
             except Exception:  # a bug must not end a long-lived worker; it is logged loudly

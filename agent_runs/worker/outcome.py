@@ -20,9 +20,9 @@ from datetime import datetime
 from typing import Any, Final
 
 from agent_runs import validation as check
+from agent_runs.display import exception_text
 from agent_runs.errors import InvalidArgument, RetryableError
 from agent_runs.models import AgentRun, Finish, RunStatus
-from agent_runs.worker.exception_text import exception_text
 from agent_runs.worker.lease import Lease
 from agent_runs.worker.result import AgentResult
 

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from psycopg_pool import ConnectionPool
 
 from agent_runs.backoff import Backoff
+from agent_runs.display import one_line
 from agent_runs.errors import DB_ERRORS, LeaseLost
 from agent_runs.fingerprint import manifest_fingerprint
 from agent_runs.logs import logger
@@ -19,7 +20,6 @@ from agent_runs.models import AgentRun
 from agent_runs.repository import AgentRunRepository
 from agent_runs.worker import subagents
 from agent_runs.worker.checkout import Repositories
-from agent_runs.worker.exception_text import one_line
 from agent_runs.worker.heartbeat import HeartbeatService
 from agent_runs.worker.lease import Lease
 from agent_runs.worker.result import AgentResult
@@ -54,7 +54,7 @@ class LeasedCalls:
                     "run %s: could not %s (%s); retrying in %.1fs",
                     lease.run_id,
                     what,
-                    one_line(exc),
+                    one_line(exc, with_type=True),
                     delay,
                 )
                 time.sleep(delay)

@@ -8,11 +8,11 @@ import time
 
 from psycopg_pool import PoolClosed
 
+from agent_runs.display import one_line
 from agent_runs.errors import DB_ERRORS
 from agent_runs.logs import logger
 from agent_runs.models import AgentRun
 from agent_runs.worker.checkout import Repositories
-from agent_runs.worker.exception_text import one_line
 
 log = logger("agent_runs.worker")
 
@@ -44,7 +44,7 @@ class Reconciler:
         except PoolClosed:
             raise  # the caller's loop ends
         except DB_ERRORS as exc:
-            log.warning("reconcile skipped: %s", one_line(exc))
+            log.warning("reconcile skipped: %s", one_line(exc, with_type=True))
             return []
         for run in converged:
             log.info("reconciled run %s: lease expired, now %s", run.id, run.status)
