@@ -233,12 +233,15 @@ def test_after_the_login_the_browser_is_back_on_the_page_it_asked_for(
         watched = open_page()
         page = watched.page
         wanted = f"{served.url}/runs?status=failed&agent_slug={run.agent_slug}"
-        response = page.goto(wanted)
+        refused = {"predicate": lambda message: "status of 401" in message.text}
+        with page.expect_console_message(**refused):  # the console's report of the 401
+            response = page.goto(wanted)
         assert response is not None and response.status == 401
-        watched.problems.clear()  # the 401 itself, reported by the console
+        watched.problems.clear()  # the 401 itself
         page.get_by_role("link", name="Log in with the dashboard's token").click()
         page.get_by_label("Dashboard token").fill("not the token")
-        page.get_by_role("button", name="Log in").click()
+        with page.expect_console_message(**refused):
+            page.get_by_role("button", name="Log in").click()
         page.get_by_role("alert").wait_for()
         assert len(watched.problems) == 1 and "401" in watched.problems[0]  # the refusal
         watched.problems.clear()
