@@ -70,13 +70,14 @@ class Watched:
         dialog.dismiss()
 
 
-@pytest.fixture
-def open_page(browser: Any) -> Iterator[Any]:
+def watched_pages(browser: Any) -> Iterator[Any]:
+    """An `open_page` fixture's body: opens watched pages in new contexts of `browser` and,
+    after the test, closes them and asserts that none saw a problem."""
     contexts: list[Any] = []
     watched: list[Watched] = []
 
-    def opener(**kwargs: Any) -> Watched:
-        context = browser.new_context(viewport={"width": 1280, "height": 900}, **kwargs)
+    def opener(width: int = 1280, height: int = 900, **kwargs: Any) -> Watched:
+        context = browser.new_context(viewport={"width": width, "height": height}, **kwargs)
         contexts.append(context)
         page = Watched(context.new_page())
         page.page.set_default_timeout(15_000)
@@ -88,6 +89,11 @@ def open_page(browser: Any) -> Iterator[Any]:
         context.close()
     for page in watched:
         assert page.problems == []
+
+
+@pytest.fixture
+def open_page(browser: Any) -> Iterator[Any]:
+    yield from watched_pages(browser)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from psycopg_pool import ConnectionPool
 
 from agent_runs import AgentRunRepository
 from tests.fix_dashboard import Served, finished_run, free_port, running_run, serve, stop
-from tests.test_dashboard_browser import ARGS, CHROMIUM, Watched, sync_api
+from tests.test_dashboard_browser import ARGS, CHROMIUM, sync_api, watched_pages
 
 from agent_runs.dashboard import create_app, render  # isort: skip
 from agent_runs.dashboard.hosts import served_hosts  # isort: skip
@@ -35,22 +35,7 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def open_page(browser: Any) -> Iterator[Any]:
-    contexts: list[Any] = []
-    watched: list[Watched] = []
-
-    def opener(width: int = 1280, height: int = 900, **kwargs: Any) -> Watched:
-        context = browser.new_context(viewport={"width": width, "height": height}, **kwargs)
-        contexts.append(context)
-        page = Watched(context.new_page())
-        page.page.set_default_timeout(15_000)
-        watched.append(page)
-        return page
-
-    yield opener
-    for context in contexts:
-        context.close()
-    for page in watched:
-        assert page.problems == []
+    yield from watched_pages(browser)
 
 
 @pytest.fixture
