@@ -4,6 +4,7 @@ the same facts as one run at a time, lost replies found again, a crash mid-batch
 from __future__ import annotations
 
 import functools
+import logging
 import signal
 import subprocess
 import sys
@@ -46,8 +47,13 @@ def _one_completed_attempt_each(observer: Conn, run_ids: list[str]) -> None:
 
 @pytest.mark.parametrize("loop", ["run_forever", "run_once"])
 def test_threads_that_finish_together_share_statements_and_keep_every_fact(
-    pool: ConnectionPool, repo: AgentRunRepository, observer: Conn, loop: str
+    pool: ConnectionPool,
+    repo: AgentRunRepository,
+    observer: Conn,
+    loop: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="agent_runs.worker")
     runs = [new_run(repo).id for _ in range(THREADS * 6)]
     together = threading.Barrier(THREADS)
 
@@ -90,6 +96,12 @@ def test_threads_that_finish_together_share_statements_and_keep_every_fact(
     assert finishes.batches < finishes.items  # some statements finished several runs
     assert claims.items >= len(runs)
     assert claims.batches < claims.items
+    if loop == "run_forever":  # the writer logs one line per batch, naming each run it wrote
+        lines = [r.getMessage() for r in caplog.records if "written" in r.getMessage()]
+        for run_id in runs:
+            assert sum(f"run {run_id} " in line for line in lines) == 1, (run_id, lines)
+        assert any(" ends written: " in line for line in lines), lines
+        assert len(lines) == finishes.batches
 
 
 def _finished(observer: Conn) -> int:
