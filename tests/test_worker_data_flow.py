@@ -68,7 +68,7 @@ class CallEdges:
 
     def __exit__(self, *exc: object) -> None:
         sys.setprofile(None)
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)
 
 
 def below(graph: dict[str, set[str]]) -> dict[str, set[str]]:
