@@ -25,7 +25,7 @@ from agent_runs.worker.heartbeat import HeartbeatService
 from agent_runs.worker.lease import Claimed, Lease
 from agent_runs.worker.outcome import Decision
 from agent_runs.worker.protocol import AgentResult, LeasedCalls, RunContext
-from tests.helpers import new_run, wait_until
+from tests.helpers import new_run, wait_for_lock_waiters, wait_until
 
 Conn = psycopg.Connection[Any]
 LEASE = 30.0
@@ -203,6 +203,36 @@ def test_the_writer_writes_handed_ends_and_gives_their_slots_back(
         writer.close()
     for run_id in runs:
         stored = repo.get_run(run_id)
+        assert stored is not None and stored.status == RunStatus.COMPLETED
+
+
+def test_an_end_is_written_while_another_batch_waits_on_the_database(
+    pool: ConnectionPool, repo: AgentRunRepository, heartbeat: HeartbeatService, dsn: str
+) -> None:
+    """Two writer threads: a batch held up (here by a row lock) does not hold up the next."""
+    claims = _claiming(pool, heartbeat)
+    new_run(repo)
+    new_run(repo)
+    first, second = claims.for_slots(2)
+    writer = Flusher(_completer(pool), heartbeat, max_batch=16)
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT 1 FROM agent_runs WHERE id = %s FOR UPDATE", (first.run.id,))
+        try:
+            writer.hand(first.run, first.lease, Decision(RunStatus.COMPLETED), "first")
+            with psycopg.connect(dsn, autocommit=True) as watcher:
+                wait_for_lock_waiters(watcher, 1)  # the first batch waits for the row
+            writer.hand(second.run, second.lease, Decision(RunStatus.COMPLETED), "second")
+            assert writer.wait_written(second.lease, timeout=10)
+            held = repo.get_run(first.run.id)
+            assert held is not None and held.status == RunStatus.RUNNING
+        finally:
+            holder.rollback()
+        try:
+            assert writer.wait_written(first.lease, timeout=10)
+        finally:
+            writer.close()
+    for claimed in first, second:
+        stored = repo.get_run(claimed.run.id)
         assert stored is not None and stored.status == RunStatus.COMPLETED
 
 

@@ -128,7 +128,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     agent = load_agent(args.agent)
     setup_logging(args.log_level)
     otel = otel_from_env(args, "agent-runs-worker", observe_queue=args.otel_observe_queue)
-    pool = worker_pool(args, dsn, max_size=args.concurrency + 2)
+    pool = worker_pool(args, dsn, max_size=args.concurrency + Worker.own_connections)
     try:
         worker = Worker(
             pool,

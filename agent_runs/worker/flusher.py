@@ -1,7 +1,9 @@
-"""The writer thread: ends handed over by executing threads, written in batches.
+"""The writer: ends handed over by executing threads, written in batches.
 
-An executing thread hands its run's terminal decision to one writer thread and goes on at once;
-the writer writes everything handed to it in one `finish_runs` statement per round. The run's
+An executing thread hands its run's terminal decision to the writer and goes on at once; a
+writer thread that is free takes everything queued (up to a batch) and writes it in one
+`finish_runs` statement. Two writer threads take turns, so one batch gathers while another is
+written; ends are independent facts, so their order does not matter. The run's
 lease stays with the heartbeat until its end is written, so it cannot expire while it waits. A
 decision the batch did not write (refused, or a database failure) goes through the completer's
 one-run path, with its retries and explanations.
@@ -29,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Final
 
 import psycopg
 
@@ -44,6 +47,12 @@ from agent_runs.worker.outcome import Decision, finish_of
 
 log = logger("agent_runs.worker")
 
+# Writer threads, each with a statement (and a pooled connection) of its own. With one, the
+# process's serial stage is that statement: the server works on one batch while the process
+# waits, and 16 threads settle into two halves of 8 taking turns. With two, one batch is
+# written while the next gathers, at full size: the drain rate rose by a fifth (durable).
+WRITERS: Final = 2
+
 
 @dataclass(frozen=True, slots=True)
 class _Handed:
@@ -55,10 +64,10 @@ class _Handed:
 
 
 class Flusher:
-    """One background thread (started by the first hand-over) writing terminal decisions in
-    batches. With `slots` (durable completion), each handed end holds a slot of that claim
-    source until it is written (or given up): the writer claims with the ends, and gives the
-    slots back."""
+    """Background threads (`writers`, started by the first hand-over) writing terminal
+    decisions in batches, each taking what is queued when it is free. With `slots` (durable
+    completion), each handed end holds a slot of that claim source until it is written (or
+    given up): the writer claims with the ends, and gives the slots back."""
 
     def __init__(
         self,
@@ -67,6 +76,7 @@ class Flusher:
         *,
         max_batch: int,
         slots: Claimer | None = None,
+        writers: int = WRITERS,
     ) -> None:
         self._completer = completer
         self._heartbeat = heartbeat
@@ -74,10 +84,11 @@ class Flusher:
         self._slots = slots
         self._changed = threading.Condition()
         self._queue: list[_Handed] = []
-        self._writing = 0  # handed items taken by the thread and not yet written
+        self._writing = 0  # handed items taken by a writer and not yet written
         self._unwritten: set[int] = set()  # id() of each lease handed over and not yet written
         self._closing = False
-        self._thread: threading.Thread | None = None
+        self._writers = writers
+        self._threads: list[threading.Thread] = []
         self.batches = 0
         self.items = 0
 
@@ -117,26 +128,28 @@ class Flusher:
         return True
 
     def start(self) -> None:
-        """Start the writer thread now rather than at the first end handed over (RuntimeError
+        """Start the writer threads now rather than at the first end handed over (RuntimeError
         when the system refuses a thread)."""
         with self._changed:
             if not self._closing:
                 self._start()
 
     def _start(self) -> None:
-        if self._thread is None:
-            thread = threading.Thread(target=self._loop, name="agent-runs-flusher", daemon=True)
+        while len(self._threads) < self._writers:
+            name = f"agent-runs-writer-{len(self._threads) + 1}"
+            thread = threading.Thread(target=self._loop, name=name, daemon=True)
             thread.start()  # kept only once started: close() never joins a thread that is not
-            self._thread = thread
+            self._threads.append(thread)
 
     def close(self, timeout: float | None = None) -> None:
-        """Write everything handed over, then stop the thread."""
+        """Write everything handed over, then stop the threads."""
         with self._changed:
             self._closing = True
             self._changed.notify_all()
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
+            threads = list(self._threads)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _loop(self) -> None:
         while True:
@@ -147,7 +160,7 @@ class Flusher:
                     return  # closing, and everything is written
                 batch = self._queue[: self._max_batch]
                 del self._queue[: self._max_batch]
-                self._writing = len(batch)
+                self._writing += len(batch)
                 self._changed.notify_all()
             settled = 0  # ending slots the batch's statement settled (next run, or back)
             written: list[_Handed] = []
@@ -164,7 +177,7 @@ class Flusher:
                     self._slots.give_back(len(batch) - settled)
                 with self._changed:
                     self._unwritten.difference_update(id(handed.lease) for handed in batch)
-                    self._writing = 0
+                    self._writing -= len(batch)
                     self.batches += 1
                     self.items += len(batch)
                     self._changed.notify_all()

@@ -9,11 +9,11 @@ clock is dropped (write nothing; the reconciler converges it).
 
 The data flows one way: the claim statements (claims.py) feed the claim source (claimer.py),
 whose queue feeds the run_forever threads (loop.py); each thread executes a run (executor.py)
-and hands its end to the writer (flusher.py), which writes it (completer.py) and gives the
-slot back to the claim source, claiming the slots' next runs in the same statement. run_once
-claims through the same statements and executes in the calling thread (with other threads'
-claims and ends when they coincide: batching.py). No part holds the Worker: each is given the
-parts and functions it uses, here.
+and hands its end to the writer (flusher.py, two threads), which writes it (completer.py) and
+gives the slot back to the claim source, claiming the slots' next runs in the same statement.
+run_once claims through the same statements and executes in the calling thread (with other
+threads' claims and ends when they coincide: batching.py). No part holds the Worker: each is
+given the parts and functions it uses, here.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from agent_runs.worker.claimer import Claimer
 from agent_runs.worker.claims import Claiming
 from agent_runs.worker.completer import Completer, release_unstarted
 from agent_runs.worker.executor import Executor
-from agent_runs.worker.flusher import Flusher
+from agent_runs.worker.flusher import WRITERS, Flusher
 from agent_runs.worker.heartbeat import HeartbeatService
 from agent_runs.worker.lease import Claimed
 from agent_runs.worker.listening import Listener
@@ -56,6 +56,10 @@ LISTENING_POLL_SECONDS = 10.0
 class Worker:
     """Claims runs and executes them with `agent`; see agent_runs.worker.outcome for how an
     execution's end is decided and agent_runs.worker.completer for how it is written."""
+
+    # Pooled connections the worker's own threads may hold at once, beside its agents': the
+    # claim source, the heartbeat and the writers (the listener opens its own).
+    own_connections = 2 + WRITERS
 
     def __init__(
         self,
